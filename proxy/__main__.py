@@ -1,0 +1,5 @@
+"""`python -m proxy` is the `slotwise` command."""
+
+from proxy.cli import main
+
+raise SystemExit(main())
