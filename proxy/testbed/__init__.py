@@ -1,0 +1,4 @@
+"""The testbed: a real llama-server binary (`binary`), a random-weight model the project writes
+itself (`model`), and a runner that starts the one with the other on 127.0.0.1 (`server`), for
+tests, benchmarks and demos. Import from the submodules; this file stays empty so the CLI is fast.
+"""
