@@ -1,0 +1,281 @@
+"""The prefill policy: when, and in what pieces, a cold prompt reaches the server.
+
+Pure and synchronous: events in, decisions out; no I/O, no clock (every call takes `now`), no log.
+The async gate applies the decisions and reports what happened back as events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from proxy.config import PrefillConfig
+from proxy.prefill.events import (
+    Admit,
+    Arrived,
+    CancelPiece,
+    ClientLeft,
+    Decision,
+    Event,
+    FeedPiece,
+    Finished,
+    FirstToken,
+    Forward,
+    Hold,
+    PieceDone,
+    PieceFailed,
+    PrefillStarted,
+    Reject,
+    Tick,
+)
+from proxy.prefill.sizing import (
+    DEFAULT_PREFILL_TPS,
+    PrefillRate,
+    next_upto,
+    pause_s,
+    piece_tokens,
+)
+from proxy.prefill.snapshot import ChunkProgress, Phase, PolicySnapshot
+
+LEARN_MIN_TOKENS = 256
+"""A finished request teaches the prefill rate only if it computed at least this many tokens."""
+
+
+@dataclass
+class _Plan:
+    """The one cold request being held or fed in pieces."""
+
+    req: Arrived
+    done_upto: int
+    deadline: float
+    piece_upto: int | None = None
+    next_piece_at: float = 0.0
+    pieces_done: int = 0
+
+
+class PrefillPolicy:
+    """Decides, per request, Admit / Hold / FeedPiece / Forward / Reject / CancelPiece.
+
+    Rules (tests/test_policy.py follows them one to one):
+     1. A request is cold when its estimated new tokens are >= `cold_tokens`. Any other request is
+        admitted at once and never waits behind a cold one.
+     2. Mode `off`: every request is admitted at once.
+     3. Somebody is generating while a request that was sent upstream has not finished (sent,
+        prefilling or decoding). A cold request that finds nobody generating and no cold request
+        ahead of it is admitted at once (full speed).
+     4. One cold request at a time is held or fed in pieces (the active plan). Other cold requests
+        wait (Hold) in arrival order; one more than `max_waiting` waiting is rejected.
+     5. `defer`: the active cold request is held while others generate and admitted as soon as
+        nobody does, or by `on_tick` once it has been held `max_hold_s` since its arrival.
+     6. `chunk`: while others generate, the active cold request is fed as cumulative token-id
+        prefixes: FeedPiece(upto) with pieces of P = min(n_batch, rate * max_stall_ms / 1000)
+        tokens (rounded down to 64, at least 64), starting after the tokens already cached. After
+        each piece comes a pause of piece_time * (1 - share) / share (`on_tick` sends the next
+        piece). Once the rest is <= P tokens the real request is forwarded.
+     7. `chunk`: as soon as nobody is generating, the real request is forwarded at once (full
+        speed); a piece already in flight is let finish first, since its work is kept in the cache.
+     8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
+        is unchanged: the next piece still waits for its pause.
+     9. The prefill rate is learned from PieceDone (tokens / elapsed) and from finished requests'
+        prompt_n / prompt_ms (if >= 256 tokens); it starts at a conservative default.
+    10. A client that leaves ends its part at once: an active plan ends (CancelPiece if a piece is
+        in flight), a waiting request leaves the line, a sent request stops counting as generating.
+    11. A failed piece ends the plan: the real request is forwarded as it came (fail open), with
+        the reason.
+    12. When an active plan ends, the next waiting cold request becomes active and rules 3, 5, 6
+        apply to it; the request just released counts as generating.
+    """
+
+    def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
+                 default_tps: float = DEFAULT_PREFILL_TPS) -> None:
+        if n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        self._cfg = config
+        self._n_batch = n_batch
+        self._rate = PrefillRate(default_tps)
+        self._in_flight: dict[str, Phase] = {}
+        self._line: deque[Arrived] = deque()
+        self._plan: _Plan | None = None
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Decision]:
+        """Dispatch an event value to its `on_*` method."""
+        match event:
+            case Arrived():
+                return self.on_arrival(event.req_id, event.est_new_tokens,
+                                       event.est_prompt_tokens, event.now)
+            case PrefillStarted():
+                return self.on_prefill_started(event.req_id, event.now)
+            case FirstToken():
+                return self.on_first_token(event.req_id, event.now)
+            case Finished():
+                return self.on_finished(event.req_id, event.now, event.prompt_n, event.prompt_ms)
+            case PieceDone():
+                return self.on_piece_done(event.req_id, event.tokens, event.elapsed_ms, event.now)
+            case PieceFailed():
+                return self.on_piece_failed(event.req_id, event.reason, event.now)
+            case ClientLeft():
+                return self.on_client_left(event.req_id, event.now)
+            case Tick():
+                return self.on_tick(event.now)
+
+    def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
+                   now: float) -> list[Decision]:
+        if self._cfg.mode == "off":
+            return self._admit(req_id, "prefill.mode off")
+        if est_new_tokens < self._cfg.cold_tokens:
+            return self._admit(req_id, "not cold")
+        if self._plan is None and not self._in_flight:
+            return self._admit(req_id, "cold, nobody generating")
+        if self._plan is not None and len(self._line) >= self._cfg.max_waiting:
+            return [Reject(req_id, f"{len(self._line)} cold requests already waiting "
+                                   f"(prefill.max_waiting = {self._cfg.max_waiting})")]
+        self._line.append(Arrived(req_id, est_new_tokens, est_prompt_tokens, now))
+        held = "waiting for its turn" if self._plan is not None else "others generating"
+        return [Hold(req_id, held), *self._advance(now)]
+
+    def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
+        return self._set_phase(req_id, Phase.PREFILLING)
+
+    def on_first_token(self, req_id: str, now: float) -> list[Decision]:
+        return self._set_phase(req_id, Phase.DECODING)
+
+    def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
+                    prompt_ms: float | None = None) -> list[Decision]:
+        if prompt_n is not None and prompt_ms is not None:
+            self._rate.observe(prompt_n, prompt_ms, min_tokens=LEARN_MIN_TOKENS)
+        if self._in_flight.pop(req_id, None) is None:
+            return []
+        return self._advance(now)
+
+    def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
+                      now: float) -> list[Decision]:
+        plan = self._plan
+        if plan is None or plan.req.req_id != req_id or plan.piece_upto is None:
+            return []
+        self._rate.observe(tokens, elapsed_ms)
+        plan.done_upto, plan.piece_upto = plan.piece_upto, None
+        plan.pieces_done += 1
+        plan.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._cfg.prefill_share)
+        return self._advance(now)
+
+    def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
+        plan = self._plan
+        if plan is None or plan.req.req_id != req_id:
+            return []
+        return [*self._release(Forward(req_id, f"piece failed, forwarded as it came: {reason}")),
+                *self._advance(now)]
+
+    def on_client_left(self, req_id: str, now: float) -> list[Decision]:
+        plan = self._plan
+        if plan is not None and plan.req.req_id == req_id:
+            self._plan = None
+            cancel: list[Decision] = [CancelPiece(req_id)] if plan.piece_upto is not None else []
+            return [*cancel, *self._advance(now)]
+        self._line = deque(a for a in self._line if a.req_id != req_id)
+        if self._in_flight.pop(req_id, None) is None:
+            return []
+        return self._advance(now)
+
+    def on_tick(self, now: float) -> list[Decision]:
+        return self._advance(now)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def next_wakeup(self) -> float | None:
+        """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
+        plan = self._plan
+        if plan is None:
+            return None
+        if self._cfg.mode == "defer":
+            return plan.deadline
+        return plan.next_piece_at if plan.piece_upto is None else None
+
+    @property
+    def piece_tokens(self) -> int:
+        return piece_tokens(self._rate.tps, self._cfg.max_stall_ms, self._n_batch)
+
+    def snapshot(self) -> PolicySnapshot:
+        plan = self._plan
+        waiting = tuple(a.req_id for a in self._line)
+        return PolicySnapshot(
+            mode=self._cfg.mode,
+            held=((plan.req.req_id,) if plan else ()) + waiting,
+            waiting=waiting,
+            chunking=self._progress(plan) if plan and self._cfg.mode == "chunk" else None,
+            in_flight=tuple(self._in_flight.items()),
+            prefill_tps=self._rate.tps,
+            rate_samples=self._rate.samples,
+            piece_tokens=self.piece_tokens,
+        )
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _admit(self, req_id: str, reason: str) -> list[Decision]:
+        self._in_flight[req_id] = Phase.SENT
+        return [Admit(req_id, reason)]
+
+    def _set_phase(self, req_id: str, phase: Phase) -> list[Decision]:
+        if req_id in self._in_flight:
+            self._in_flight[req_id] = phase
+        return []
+
+    def _release(self, decision: Admit | Forward) -> list[Decision]:
+        """End the active plan: its request goes upstream and counts as generating from now on."""
+        self._plan = None
+        self._in_flight[decision.req_id] = Phase.SENT
+        return [decision]
+
+    def _advance(self, now: float) -> list[Decision]:
+        """Apply rules 5-7 and 12 until nothing changes."""
+        out: list[Decision] = []
+        while True:
+            if self._plan is None:
+                if not self._line:
+                    return out
+                self._plan = self._plan_for(self._line.popleft())
+            plan = self._plan
+            out.extend(self._step(plan, now))
+            if self._plan is plan:
+                return out
+
+    def _plan_for(self, req: Arrived) -> _Plan:
+        cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
+        return _Plan(req=req, done_upto=cached, deadline=req.now + self._cfg.max_hold_s)
+
+    def _step(self, plan: _Plan, now: float) -> list[Decision]:
+        req_id = plan.req.req_id
+        if self._cfg.mode == "defer":
+            if not self._in_flight:
+                return self._release(Admit(req_id, "held until others finished"))
+            if now >= plan.deadline:
+                return self._release(Admit(req_id, "held prefill.max_hold_s"))
+            return []
+        if plan.piece_upto is not None:
+            return []
+        if not self._in_flight:
+            return self._release(self._send(plan, "nobody generating"))
+        piece = self.piece_tokens
+        if plan.req.est_prompt_tokens - plan.done_upto <= piece:
+            return self._release(self._send(plan, "rest fits one piece"))
+        if now < plan.next_piece_at:
+            return []
+        plan.piece_upto = next_upto(plan.done_upto, piece)
+        return [FeedPiece(req_id, plan.piece_upto)]
+
+    @staticmethod
+    def _send(plan: _Plan, why: str) -> Admit | Forward:
+        """Admit if no piece was fed, else Forward; the reason says how far the feeding got."""
+        if plan.pieces_done == 0:
+            return Admit(plan.req.req_id, f"cold, {why}")
+        return Forward(plan.req.req_id,
+                       f"{why} after {plan.pieces_done} pieces ({plan.done_upto} tokens fed)")
+
+    @staticmethod
+    def _progress(plan: _Plan) -> ChunkProgress:
+        return ChunkProgress(
+            req_id=plan.req.req_id, done_tokens=plan.done_upto,
+            total_tokens=plan.req.est_prompt_tokens, pieces_done=plan.pieces_done,
+            piece_in_flight_upto=plan.piece_upto,
+            next_piece_at=plan.next_piece_at if plan.piece_upto is None else None)

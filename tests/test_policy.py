@@ -1,0 +1,396 @@
+"""The prefill policy, rule by rule: each test class is one numbered rule of `PrefillPolicy`.
+
+Hand-made events and a plain-number clock; no server, no event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from proxy.config import PrefillConfig
+from proxy.prefill import (
+    Admit,
+    Arrived,
+    CancelPiece,
+    ClientLeft,
+    Decision,
+    FeedPiece,
+    Finished,
+    FirstToken,
+    Forward,
+    Hold,
+    Phase,
+    PieceDone,
+    PieceFailed,
+    PrefillPolicy,
+    PrefillStarted,
+    Reject,
+    Tick,
+)
+from proxy.prefill.sizing import PrefillRate, next_upto, pause_s, piece_tokens
+
+COLD = 2000
+
+
+def policy(mode: str = "chunk", *, tps: float = 1000.0, n_batch: int = 2048,
+           **over: Any) -> PrefillPolicy:
+    cfg = dataclasses.replace(PrefillConfig(mode=mode, cold_tokens=COLD, max_hold_s=30.0,
+                                            max_stall_ms=256.0, prefill_share=0.5,
+                                            max_waiting=2), **over)
+    return PrefillPolicy(cfg, n_batch=n_batch, default_tps=tps)
+
+
+def busy(p: PrefillPolicy, req_id: str = "s", now: float = 0.0) -> None:
+    """A short request that is decoding."""
+    [admit] = p.on_arrival(req_id, 50, 500, now)
+    assert isinstance(admit, Admit)
+    p.on_prefill_started(req_id, now)
+    p.on_first_token(req_id, now)
+
+
+def kinds(decisions: Sequence[object]) -> list[str]:
+    return [type(d).__name__ for d in decisions]
+
+
+class TestRule1ColdOrNot:
+    def test_short_request_admitted_even_while_cold_one_is_held(self) -> None:
+        p = policy("defer")
+        busy(p)
+        assert kinds(p.on_arrival("c", 5000, 5000, 1.0)) == ["Hold"]
+        assert p.on_arrival("x", COLD - 1, 9000, 1.5) == [Admit("x", "not cold")]
+
+    def test_threshold_is_inclusive(self) -> None:
+        p = policy("defer")
+        busy(p)
+        assert p.on_arrival("c", COLD, COLD, 1.0)[0] == Hold("c", "others generating")
+
+    def test_cached_tokens_do_not_count(self) -> None:
+        p = policy("defer")
+        busy(p)
+        assert p.on_arrival("x", 100, 50_000, 1.0) == [Admit("x", "not cold")]
+
+
+class TestRule2ModeOff:
+    def test_everything_admitted(self) -> None:
+        p = policy("off")
+        busy(p)
+        assert p.on_arrival("c", 50_000, 50_000, 1.0) == [Admit("c", "prefill.mode off")]
+        assert p.on_arrival("d", 50_000, 50_000, 1.0) == [Admit("d", "prefill.mode off")]
+        assert p.next_wakeup() is None
+
+
+class TestRule3NobodyGenerating:
+    @pytest.mark.parametrize("mode", ["defer", "chunk"])
+    def test_cold_request_on_idle_server_goes_full_speed(self, mode: str) -> None:
+        p = policy(mode)
+        assert p.on_arrival("c", 20_000, 20_000, 0.0) == [Admit("c", "cold, nobody generating")]
+
+    @pytest.mark.parametrize("phase", ["sent", "prefilling", "decoding"])
+    def test_every_phase_counts_as_generating(self, phase: str) -> None:
+        p = policy("defer")
+        p.on_arrival("s", 10, 10, 0.0)
+        if phase != "sent":
+            p.on_prefill_started("s", 0.0)
+        if phase == "decoding":
+            p.on_first_token("s", 0.0)
+        assert p.snapshot().in_flight == (("s", Phase(phase)),)
+        assert kinds(p.on_arrival("c", 20_000, 20_000, 0.1)) == ["Hold"]
+
+    def test_finished_request_no_longer_counts(self) -> None:
+        p = policy("defer")
+        busy(p)
+        p.on_finished("s", 1.0)
+        assert kinds(p.on_arrival("c", 20_000, 20_000, 2.0)) == ["Admit"]
+
+
+class TestRule4OneAtATime:
+    def test_others_wait_in_arrival_order(self) -> None:
+        p = policy("defer")
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 1.0)
+        assert p.on_arrival("b", 5000, 5000, 2.0) == [Hold("b", "waiting for its turn")]
+        p.on_arrival("c", 5000, 5000, 3.0)
+        assert p.snapshot().held == ("a", "b", "c")
+        assert p.snapshot().waiting == ("b", "c")
+        # a is released when s finishes; a then counts as generating, so b stays held.
+        assert p.on_finished("s", 4.0) == [Admit("a", "held until others finished")]
+        assert p.snapshot().held == ("b", "c")
+        assert p.on_finished("a", 5.0) == [Admit("b", "held until others finished")]
+        assert p.on_finished("b", 6.0) == [Admit("c", "held until others finished")]
+
+    def test_more_than_max_waiting_rejected(self) -> None:
+        p = policy("defer", max_waiting=2)
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 1.0)
+        p.on_arrival("b", 5000, 5000, 1.0)
+        p.on_arrival("c", 5000, 5000, 1.0)
+        [reject] = p.on_arrival("d", 5000, 5000, 1.0)
+        assert isinstance(reject, Reject) and reject.req_id == "d"
+        assert "prefill.max_waiting = 2" in reject.reason
+        assert p.snapshot().held == ("a", "b", "c")
+
+    def test_max_waiting_zero_allows_only_the_active_one(self) -> None:
+        p = policy("chunk", max_waiting=0)
+        busy(p)
+        assert kinds(p.on_arrival("a", 5000, 5000, 1.0)) == ["Hold", "FeedPiece"]
+        assert kinds(p.on_arrival("b", 5000, 5000, 1.0)) == ["Reject"]
+
+
+class TestRule5Defer:
+    def test_held_until_others_finish(self) -> None:
+        p = policy("defer")
+        busy(p, "s1")
+        busy(p, "s2")
+        assert p.on_arrival("c", 5000, 5000, 1.0) == [Hold("c", "others generating")]
+        assert p.on_finished("s1", 2.0) == []
+        assert p.on_finished("s2", 3.0) == [Admit("c", "held until others finished")]
+        assert p.snapshot().in_flight == (("c", Phase.SENT),)
+
+    def test_released_by_tick_after_max_hold(self) -> None:
+        p = policy("defer", max_hold_s=10.0)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 1.0)
+        assert p.next_wakeup() == 11.0
+        assert p.on_tick(10.9) == []
+        assert p.on_tick(11.0) == [Admit("c", "held prefill.max_hold_s")]
+        assert p.next_wakeup() is None
+
+    def test_waiting_ones_are_bounded_too(self) -> None:
+        p = policy("defer", max_hold_s=10.0)
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 1.0)
+        p.on_arrival("b", 5000, 5000, 2.0)
+        assert p.on_tick(11.0) == [Admit("a", "held prefill.max_hold_s")]
+        assert p.next_wakeup() == 12.0
+        assert p.on_tick(12.0) == [Admit("b", "held prefill.max_hold_s")]
+
+
+class TestRule6Chunk:
+    def test_pieces_sized_by_rate_and_stall(self) -> None:
+        # 1000 tok/s * 256 ms = 256 tokens per piece.
+        p = policy(tps=1000.0)
+        busy(p)
+        # 1000 tokens are cached already: the first piece ends at 1256, rounded down to 1216.
+        assert p.on_arrival("c", 2000, 3000, 1.0) == [
+            Hold("c", "others generating"), FeedPiece("c", 1216)]
+        progress = p.snapshot().chunking
+        assert progress is not None and progress.done_tokens == 1000
+        assert progress.piece_in_flight_upto == 1216
+
+    def test_piece_capped_by_n_batch(self) -> None:
+        p = policy(tps=100_000.0, n_batch=512)
+        busy(p)
+        assert p.on_arrival("c", 5000, 5000, 1.0)[1] == FeedPiece("c", 512)
+
+    def test_piece_at_least_64(self) -> None:
+        p = policy(tps=10.0)
+        busy(p)
+        assert p.on_arrival("c", 5000, 5000, 1.0)[1] == FeedPiece("c", 64)
+
+    def test_pause_then_next_piece_then_forward(self) -> None:
+        p = policy(tps=1000.0, prefill_share=0.25)
+        busy(p)
+        p.on_arrival("c", 2600, 2600, 0.0)
+        upto = 256
+        now = 0.0
+        while upto < 2600 - 256:
+            now += 0.256
+            # the piece took 256 ms (rate unchanged): with share 0.25 the pause is 768 ms.
+            assert p.on_piece_done("c", 256, 256.0, now) == []
+            assert p.next_wakeup() == pytest.approx(now + 0.768)
+            assert p.on_tick(now + 0.76) == []
+            now += 0.768
+            upto += 256
+            assert p.on_tick(now) == [FeedPiece("c", upto)]
+        # 2600 - 2560 = 40 left: no more pieces, the real request goes.
+        assert p.on_piece_done("c", 256, 256.0, now + 0.256) == [
+            Forward("c", "rest fits one piece after 10 pieces (2560 tokens fed)")]
+        assert ("c", Phase.SENT) in p.snapshot().in_flight
+
+    def test_pieces_follow_a_changed_rate(self) -> None:
+        p = policy(tps=1000.0)
+        busy(p)
+        p.on_arrival("c", 10_000, 10_000, 0.0)
+        # the piece ran at 2000 tok/s: the next piece is 512 tokens.
+        p.on_piece_done("c", 256, 128.0, 0.2)
+        assert p.on_tick(1.0) == [FeedPiece("c", 256 + 512)]
+
+    def test_piece_ends_are_multiples_of_64(self) -> None:
+        assert next_upto(1000, 256) == 1216
+        assert next_upto(0, 256) == 256
+        assert next_upto(63, 64) == 64
+
+
+class TestRule7ChunkStopsWhenAlone:
+    def test_forward_at_once_during_pause(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 250.0, 0.3)
+        assert p.on_finished("s", 0.4) == [
+            Forward("c", "nobody generating after 1 pieces (256 tokens fed)")]
+
+    def test_piece_in_flight_finishes_first(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        assert p.on_finished("s", 0.1) == []
+        assert p.on_piece_done("c", 256, 250.0, 0.3) == [
+            Forward("c", "nobody generating after 1 pieces (256 tokens fed)")]
+
+
+class TestRule8ShortRequestsBetweenPieces:
+    def test_short_request_admitted_and_plan_unchanged(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 250.0, 0.25)
+        wake = p.next_wakeup()
+        assert p.on_arrival("x", 100, 3000, 0.3) == [Admit("x", "not cold")]
+        assert p.next_wakeup() == wake
+        assert p.on_tick(0.4) == []
+        assert p.on_tick(0.5) == [FeedPiece("c", 512)]
+
+
+class TestRule9RateLearning:
+    def test_starts_at_default(self) -> None:
+        assert policy(tps=700.0).snapshot().prefill_tps == 700.0
+
+    def test_learns_from_pieces(self) -> None:
+        p = policy(tps=1000.0)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 100.0, 0.1)
+        snap = p.snapshot()
+        assert snap.prefill_tps == pytest.approx(2560.0)
+        assert snap.rate_samples == 1
+        assert snap.piece_tokens == 640
+
+    def test_learns_from_finished_requests_of_256_tokens_or_more(self) -> None:
+        p = policy(tps=1000.0)
+        busy(p)
+        p.on_finished("s", 1.0, prompt_n=100, prompt_ms=1.0)
+        assert p.snapshot().rate_samples == 0
+        p.on_finished("t", 1.0, prompt_n=3000, prompt_ms=1000.0)
+        assert p.snapshot().prefill_tps == pytest.approx(3000.0)
+
+    def test_later_samples_move_a_weighted_mean(self) -> None:
+        rate = PrefillRate(500.0, alpha=0.5)
+        rate.observe(1000, 1000.0)
+        rate.observe(3000, 1000.0)
+        assert rate.tps == pytest.approx(2000.0)
+        rate.observe(0, 10.0)
+        rate.observe(10, 0.0)
+        assert rate.samples == 2
+
+    def test_piece_size_and_pause_arithmetic(self) -> None:
+        assert piece_tokens(3000.0, 250.0, 2048) == 704
+        assert piece_tokens(1e9, 250.0, 2048) == 2048
+        assert pause_s(0.4, 0.5) == pytest.approx(0.4)
+        assert pause_s(0.4, 0.8) == pytest.approx(0.1)
+
+
+class TestRule10ClientLeft:
+    def test_chunked_client_leaves_mid_piece(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 0.0)
+        p.on_arrival("b", 5000, 5000, 0.0)
+        assert p.on_client_left("a", 0.1) == [CancelPiece("a"), FeedPiece("b", 256)]
+        # a late report about a's piece is ignored.
+        assert p.on_piece_done("a", 256, 100.0, 0.2) == []
+
+    def test_held_client_leaves_during_pause(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 0.0)
+        p.on_piece_done("a", 256, 250.0, 0.3)
+        assert p.on_client_left("a", 0.4) == []
+        assert p.snapshot().held == ()
+        assert p.next_wakeup() is None
+
+    def test_waiting_client_leaves_the_line(self) -> None:
+        p = policy("defer")
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 0.0)
+        p.on_arrival("b", 5000, 5000, 0.0)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        assert p.on_client_left("b", 0.1) == []
+        assert p.snapshot().held == ("a", "c")
+
+    def test_generating_client_leaves(self) -> None:
+        p = policy("defer")
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 0.0)
+        assert p.on_client_left("s", 0.1) == [Admit("a", "held until others finished")]
+
+    def test_unknown_client_ignored(self) -> None:
+        assert policy().on_client_left("nobody", 0.0) == []
+
+
+class TestRule11PieceFailed:
+    def test_fail_open(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("a", 5000, 5000, 0.0)
+        p.on_arrival("b", 5000, 5000, 0.0)
+        assert p.on_piece_failed("a", "HTTP 500", 0.2) == [
+            Forward("a", "piece failed, forwarded as it came: HTTP 500"),
+            FeedPiece("b", 256)]
+
+    def test_failure_for_unknown_request_ignored(self) -> None:
+        assert policy().on_piece_failed("x", "boom", 0.0) == []
+
+
+class TestRule12NextInLine:
+    def test_next_chunk_plan_starts_when_previous_is_forwarded(self) -> None:
+        p = policy(tps=1000.0)
+        busy(p)
+        p.on_arrival("a", 400, 400 + 0, 0.0)  # not cold
+        p.on_arrival("b", 2100, 2300, 0.0)
+        p.on_arrival("c", 3000, 3000, 0.0)
+        assert p.snapshot().held == ("b", "c")
+        # b: 200 cached, fed up to 448 (rounded to 64), then 2300 - 448 > 256 ...
+        now = 0.0
+        decisions: list[Decision] = []
+        while not any(isinstance(d, Forward) for d in decisions):
+            now += 1.0
+            decisions = p.on_piece_done("b", 256, 250.0, now)
+            decisions += p.on_tick(now + 0.25)
+        assert kinds(decisions) == ["Forward", "FeedPiece"]
+        assert decisions[1] == FeedPiece("c", 256)
+
+
+class TestEventsAndSnapshot:
+    def test_handle_dispatches_event_values(self) -> None:
+        p = policy("defer")
+        assert p.handle(Arrived("s", 10, 10, 0.0)) == [Admit("s", "not cold")]
+        assert p.handle(PrefillStarted("s", 0.1)) == []
+        assert p.handle(FirstToken("s", 0.2)) == []
+        assert p.handle(Arrived("c", 5000, 5000, 0.3)) == [Hold("c", "others generating")]
+        assert p.handle(Tick(1.0)) == []
+        assert p.handle(PieceDone("c", 1, 1.0, 1.0)) == []
+        assert p.handle(PieceFailed("zz", "x", 1.0)) == []
+        assert p.handle(Finished("s", 2.0, 10, 5.0)) == [Admit("c", "held until others finished")]
+        assert p.handle(ClientLeft("c", 3.0)) == []
+        assert p.snapshot().in_flight == ()
+
+    def test_snapshot_of_chunking(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 6000, 0.0)
+        p.on_piece_done("c", 256, 250.0, 0.25)
+        snap = p.snapshot()
+        assert snap.mode == "chunk"
+        assert snap.chunking is not None
+        assert (snap.chunking.done_tokens, snap.chunking.total_tokens) == (1216, 6000)
+        assert snap.chunking.pieces_done == 1
+        assert snap.chunking.next_piece_at == pytest.approx(0.5)
+
+    def test_bad_n_batch(self) -> None:
+        with pytest.raises(ValueError, match="n_batch"):
+            PrefillPolicy(PrefillConfig(), n_batch=0)
