@@ -1,0 +1,92 @@
+"""Builds the aiohttp application and runs it: one upstream session for the whole process, owned by
+a cleanup context; the catch-all route last, after slotwise's own pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.handlers import handle
+from proxy.state import STATE, ProxyState
+from proxy.timing_log import TimingLog
+
+log = logging.getLogger("slotwise")
+
+
+def upstream_session(config: Config) -> aiohttp.ClientSession:
+    """The one client session: pooled connections, no total timeout (a generation may run long),
+    bytes passed on exactly as the upstream sent them."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=config.upstream.connect_timeout_s,
+                                    sock_read=config.upstream.read_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent", "Content-Type"))
+
+
+def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> web.Application:
+    app = web.Application(client_max_size=int(config.listen.max_body_mb * 1024 * 1024) + 1)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        session = upstream_session(config)
+        state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
+                           session=session, clock=clock)
+        app[STATE] = state
+        try:
+            yield
+        finally:
+            await session.close()
+            state.timing_log.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def start(config: Config) -> tuple[web.AppRunner, str]:
+    """Start listening; return the runner (for cleanup) and the URL actually bound.
+
+    Handlers are cancelled when their client disconnects: that is what closes the upstream
+    request at once, so llama-server stops working for nobody.
+    """
+    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.listen.host, config.listen.port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, _bound_url(runner, config)
+
+
+async def serve(config: Config, *, ready: Callable[[str], None] | None = None) -> None:
+    """Run until SIGINT or SIGTERM."""
+    runner, url = await start(config)
+    log.info("slotwise listening on %s, upstream %s, timing log %s",
+             url, config.upstream.url, config.log.timing)
+    if ready is not None:
+        ready(url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("slotwise stopping")
+        await runner.cleanup()
+
+
+def _bound_url(runner: web.AppRunner, config: Config) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return f"http://{config.listen.host}:{address[1]}"
+    return f"http://{config.listen.host}:{config.listen.port}"

@@ -1,0 +1,74 @@
+"""Which headers cross the proxy, each way, as a reverse proxy should pass them.
+
+Hop-by-hop headers stay on their hop; slotwise's own request headers (`X-Slotwise-*`) are read and
+removed; every request gets an `X-Request-Id`, sent upstream and returned to the client.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+})
+CLIENT_HEADER = "X-Slotwise-Client"
+PURPOSE_HEADER = "X-Slotwise-Purpose"
+REQUEST_ID_HEADER = "X-Request-Id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+def request_id(incoming: Mapping[str, str]) -> str:
+    """The client's own `X-Request-Id` when it is a sane token, else a new one."""
+    given = incoming.get(REQUEST_ID_HEADER, "")
+    return given if _SAFE_ID.match(given) else uuid.uuid4().hex[:16]
+
+
+def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
+    """Headers named in `Connection:` are hop-by-hop too (RFC 9110 7.6.1)."""
+    value = headers.get("Connection", "")
+    return {token.strip().lower() for token in value.split(",") if token.strip()}
+
+
+def _passable(items: Iterable[tuple[str, str]], drop: set[str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in items if k.lower() not in drop)
+
+
+def upstream_request_headers(incoming: Mapping[str, str], items: Iterable[tuple[str, str]], *,
+                             rid: str, peer: str | None, scheme: str,
+                             body_rewritten: bool, measured: bool) -> CIMultiDict[str]:
+    """Headers to send upstream.
+
+    `body_rewritten`: the body is re-encoded, so the client's Content-Length is stale. `measured`:
+    slotwise parses the response, so it asks for it uncompressed (the client accepts that too).
+    """
+    drop = set(HOP_BY_HOP) | _connection_tokens(incoming)
+    drop |= {"host", CLIENT_HEADER.lower(), PURPOSE_HEADER.lower(), REQUEST_ID_HEADER.lower()}
+    if body_rewritten:
+        drop.add("content-length")
+    if measured:
+        drop.add("accept-encoding")
+    headers = _passable(items, drop)
+    headers[REQUEST_ID_HEADER] = rid
+    if peer:
+        prior = incoming.get("X-Forwarded-For")
+        headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    headers.setdefault("X-Forwarded-Proto", scheme)
+    if "Host" in incoming:
+        headers.setdefault("X-Forwarded-Host", incoming["Host"])
+    return headers
+
+
+def client_response_headers(upstream: Mapping[str, str], items: Iterable[tuple[str, str]], *,
+                            rid: str, keep_length: bool) -> CIMultiDict[str]:
+    """Headers to send back: the upstream's, less hop-by-hop, with the request id."""
+    drop = set(HOP_BY_HOP) | _connection_tokens(upstream)
+    if not keep_length:
+        drop.add("content-length")
+    headers = _passable(items, drop)
+    headers[REQUEST_ID_HEADER] = rid
+    return headers

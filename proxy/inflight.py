@@ -1,0 +1,101 @@
+"""The requests in flight now: each one's phase, and whose prefills overlapped whose life.
+
+The handlers move a request through its phases; listeners (the prefill gate, the metrics) hear every
+change. It is the one place that knows "who is generating now", and it is plain synchronous code.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.endpoints import Kind
+from proxy.timing import RequestTimer
+
+
+class Phase(enum.StrEnum):
+    ARRIVED = "arrived"  # being read and estimated
+    HELD = "held"  # held or being fed in pieces by the prefill policy
+    QUEUED = "queued"  # sent upstream; no response headers yet (waiting in the server's queue)
+    PREFILLING = "prefilling"  # the server is computing its prompt
+    DECODING = "decoding"  # tokens are flowing
+    WAITING = "waiting"  # non-streamed: sent, and nothing can be seen until the answer
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Flight:
+    """One request in flight, as the registry and the record see it."""
+
+    id: str
+    kind: Kind
+    stream: bool
+    timer: RequestTimer
+    phase: Phase = Phase.ARRIVED
+    client: str | None = None
+    purpose: str | None = None
+    lora_out: Any = None
+    new_tokens: int | None = None  # prompt tokens the server computes (progress, then timings)
+    est_new_tokens: int | None = None
+    prompt_tokens: int | None = None
+    prefill_start: float | None = None
+    prefill_end: float | None = None
+    decoded: int = 0
+    inflight_at_start: list[str] = field(default_factory=list)
+    prefill_peers: list[Flight] = field(default_factory=list)  # others whose prefill overlapped
+
+
+Listener = Callable[[Flight, Phase, Phase, float], None]
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._live: dict[str, Flight] = {}
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def __iter__(self) -> Iterator[Flight]:
+        return iter(list(self._live.values()))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def get(self, request_id: str) -> Flight | None:
+        return self._live.get(request_id)
+
+    def add(self, flight: Flight, now: float) -> None:
+        flight.inflight_at_start = list(self._live)
+        flight.prefill_peers = [f for f in self._live.values() if f.phase is Phase.PREFILLING]
+        self._live[flight.id] = flight
+        self._notify(flight, Phase.DONE, flight.phase, now)
+
+    def move(self, flight: Flight, phase: Phase, now: float) -> None:
+        old = flight.phase
+        if old is phase or old is Phase.DONE:
+            return
+        flight.phase = phase
+        if phase is Phase.PREFILLING:
+            flight.prefill_start = now
+            for other in self._live.values():
+                if other is not flight:
+                    other.prefill_peers.append(flight)
+        if old is Phase.PREFILLING:
+            flight.prefill_end = now
+        self._notify(flight, old, phase, now)
+
+    def finish(self, flight: Flight, now: float) -> None:
+        self.move(flight, Phase.DONE, now)
+        self._live.pop(flight.id, None)
+
+    def _notify(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        for listener in self._listeners:
+            listener(flight, old, new, now)
+
+    def generating(self) -> list[Flight]:
+        """Requests that are (or may be) producing tokens now."""
+        return [f for f in self._live.values()
+                if f.phase in (Phase.PREFILLING, Phase.DECODING, Phase.WAITING)]
