@@ -1,0 +1,225 @@
+"""The `report` and `analyze-log` subcommands: read inputs, call aggregation, pick a renderer.
+
+Every bad input becomes a one-line error on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from proxy.report import render, render_html
+from proxy.report.model import Report, Span
+from proxy.report.pairing import pair
+from proxy.report.records import (
+    InputError,
+    Record,
+    TimingLog,
+    load_timing_log,
+    parse_time,
+    record_to_span,
+    select,
+)
+from proxy.report.reports import server_report, timing_report
+from proxy.report.serverlog import TASK_LINES, UNRECOGNISED, ParsedLog, parse_server_log
+from proxy.report.tables import Thresholds
+from proxy.report.tasks import rebuild_tasks, task_to_span
+from proxy.report.timeline import layout
+from proxy.report.timeline_html import timeline_html
+from proxy.report.timeline_png import write_png
+
+FORMATS = ("text", "markdown", "json", "html")
+
+
+def register(subparsers: Any) -> None:
+    rep = subparsers.add_parser("report", help="tables of the field report from a timing log")
+    rep.add_argument("timing_log", nargs="?", metavar="TIMING_LOG")
+    rep.add_argument("--since", help="first arrival time to include (ISO 8601, UTC if no zone)")
+    rep.add_argument("--until", help="arrival time to stop before (ISO 8601)")
+    rep.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="two files, or two ranges SINCE..UNTIL of TIMING_LOG, side by side",
+    )
+    _common(rep)
+    rep.set_defaults(handler=run_report)
+    ana = subparsers.add_parser("analyze-log", help="rebuild tasks from llama-server's log")
+    ana.add_argument("server_log", metavar="SERVER_LOG")
+    ana.add_argument("--timing", metavar="TIMING_LOG", help="pair tasks with slotwise's records")
+    _common(ana)
+    ana.set_defaults(handler=run_analyze)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--timeline", metavar="FILE", help="also draw a timeline: FILE.html or FILE.png")
+    d = Thresholds()
+    p.add_argument(
+        "--long-prefill",
+        type=int,
+        default=d.long_prefill,
+        metavar="TOKENS",
+        help=f"prefill size for the decode-rate comparison (default {d.long_prefill})",
+    )
+    p.add_argument(
+        "--big-new",
+        type=int,
+        default=d.big_new,
+        metavar="TOKENS",
+        help=f"a large uncached prompt (default {d.big_new})",
+    )
+    p.add_argument(
+        "--short-new",
+        type=int,
+        default=d.short_new,
+        metavar="TOKENS",
+        help=f"a short turn has fewer new tokens (default {d.short_new})",
+    )
+    p.add_argument("--min-wait", type=float, default=d.min_wait_s, metavar="SECONDS")
+
+
+def _thresholds(args: argparse.Namespace) -> Thresholds:
+    return Thresholds(
+        big_new=args.big_new,
+        long_prefill=args.long_prefill,
+        short_new=args.short_new,
+        min_wait_s=args.min_wait,
+    )
+
+
+def _guard(name: str, args: argparse.Namespace, body: Any) -> int:
+    try:
+        if args.timeline and Path(args.timeline).suffix.lower() not in (".html", ".png"):
+            raise InputError(f"--timeline: {args.timeline!r} must end in .html or .png")
+        return int(body(args))
+    except InputError as exc:
+        print(f"slotwise {name}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_report(args: argparse.Namespace) -> int:
+    return _guard("report", args, _report)
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    return _guard("analyze-log", args, _analyze)
+
+
+def _bound(text: str | None, what: str) -> float | None:
+    return None if not text else parse_time(text, what)
+
+
+def _report(args: argparse.Namespace) -> int:
+    th = _thresholds(args)
+    since, until = _bound(args.since, "--since"), _bound(args.until, "--until")
+    log = load_timing_log(args.timing_log) if args.timing_log else None
+    if args.compare is None:
+        if log is None:
+            raise InputError("give TIMING_LOG (or --compare BEFORE AFTER)")
+        sides = [(log.path, select(log.records, since, until), log)]
+    else:
+        sides = [_side(spec, log, since, until) for spec in args.compare]
+    reports = [timing_report(name, recs, src, th) for name, recs, src in sides]
+    names = [name for name, _r, _s in sides]
+    _emit(reports, names, args.format)
+    if args.timeline:
+        for i, (name, recs, _src) in enumerate(sides):
+            path = args.timeline if len(sides) == 1 else _suffixed(args.timeline, i)
+            _draw([record_to_span(r) for r in recs], name, path, th)
+    return 0
+
+
+def _side(
+    spec: str, log: TimingLog | None, since: float | None, until: float | None
+) -> tuple[str, list[Record], TimingLog]:
+    if os.path.isfile(spec):
+        other = load_timing_log(spec)
+        return spec, select(other.records, since, until), other
+    if ".." not in spec:
+        raise InputError(f"--compare: {spec!r} is neither a file nor a time range SINCE..UNTIL")
+    if log is None:
+        raise InputError(f"--compare: the range {spec!r} needs TIMING_LOG")
+    a, b = spec.split("..", 1)
+    lo = _bound(a, "--compare") if a else since
+    hi = _bound(b, "--compare") if b else until
+    return spec, select(log.records, lo, hi), log
+
+
+def _suffixed(path: str, i: int) -> str:
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{'before' if i == 0 else 'after'}{p.suffix}"))
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    th = _thresholds(args)
+    log = _read_server_log(args.server_log)
+    tasks = rebuild_tasks(log.events)
+    note = None
+    if args.timing:
+        timing = load_timing_log(args.timing)
+        spans, paired, offset = pair(tasks, timing.records)
+        note = f"paired {paired} of {len(tasks)} server tasks with {len(timing.records)} timing records" + (
+            f" (server start = {offset:.3f} s Unix time)"
+            if offset
+            else ": no task matched a record by its token counts"
+        )
+    else:
+        spans = [s for t in tasks if (s := task_to_span(t)) is not None]
+    report = server_report(args.server_log, log, tasks, spans, th, note)
+    _emit([report], [args.server_log], args.format)
+    if args.timeline:
+        _draw(spans, args.server_log, args.timeline, th)
+    return 0
+
+
+def _read_server_log(path: str) -> ParsedLog:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            log = parse_server_log(handle)
+    except OSError as exc:
+        raise InputError(f"cannot read server log {path}: {exc.strerror or exc}") from None
+    if log.lines and log.stamped == 0:
+        raise InputError(
+            f"{path}: none of its {log.lines} lines starts with llama-server's timestamp prefix "
+            "(e.g. '0.06.055.462 I slot launch_slot_: id  3 | task 0 | processing task'); "
+            "was it written with --no-log-prefix or --no-log-timestamps, or by another program?"
+        )
+    if log.counts[UNRECOGNISED] > log.counts[TASK_LINES]:
+        print(
+            f"slotwise analyze-log: warning: {path}: most slot lines were not recognised; "
+            "this llama-server build may log another format",
+            file=sys.stderr,
+        )
+    return log
+
+
+def _emit(reports: Sequence[Report], names: Sequence[str], fmt: str) -> None:
+    if fmt == "json":
+        text = render.to_json(reports, names)
+    elif fmt == "markdown":
+        text = render.to_markdown(reports, names)
+    elif fmt == "html":
+        text = render_html.to_html(reports, names)
+    else:
+        tty = sys.stdout.isatty()
+        width = shutil.get_terminal_size((140, 40)).columns if tty else 140
+        text = render.to_text(reports, names, width=width, color=tty)
+    sys.stdout.write(text)
+
+
+def _draw(spans: Sequence[Span], title: str, path: str, th: Thresholds) -> None:
+    tl = layout(spans, big_new=th.big_new)
+    if path.lower().endswith(".png"):
+        write_png(tl, title, path)
+    else:
+        try:
+            Path(path).write_text(timeline_html(tl, title), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"timeline written to {path}", file=sys.stderr)

@@ -1,0 +1,117 @@
+"""The values that flow from parsers to aggregation to rendering.
+
+`Span` is one request (timing record) or one server task placed on a time axis in seconds;
+`Table` and `Row` are what aggregation returns and renderers format. No I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of one span's decode and the token rate measured in it."""
+
+    start: float
+    end: float
+    rate: float
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One request or server task on the time axis (seconds); None = not measured."""
+
+    key: str
+    start: float
+    end: float
+    prefill_start: float | None = None
+    first_token: float | None = None
+    prompt_n: int | None = None
+    """Prompt tokens the server computed (cache excluded)."""
+    cache_n: int | None = None
+    predicted_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_ms: float | None = None
+    slot: int | None = None
+    client: str | None = None
+    purpose: str | None = None
+    lora: str | None = None
+    """Canonical text of the LoRA settings forwarded; None when unknown."""
+    running_at_start: tuple[str, ...] | None = None
+    """Keys of the spans in flight when this one arrived; None = derive from the time axis."""
+    segments: tuple[Segment, ...] = ()
+    info: tuple[tuple[str, str], ...] = ()
+    """Extra figures shown when hovering this span in a timeline."""
+
+    @property
+    def total_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def wait_s(self) -> float | None:
+        return None if self.prefill_start is None else max(0.0, self.prefill_start - self.start)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def prefill_end(self) -> float | None:
+        return self.first_token
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a table: a label, its sample count, and one value per stat column."""
+
+    label: str
+    n: int
+    values: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    """An aggregated table; `units` has one entry per column ("s", "ms", "tok/s", "%", "tok", "")."""
+
+    key: str
+    title: str
+    columns: tuple[str, ...]
+    units: tuple[str, ...]
+    rows: tuple[Row, ...]
+    note: str = ""
+    n_label: str = "n"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one command prints: tables plus free-text remarks (bad lines, warnings)."""
+
+    title: str
+    tables: tuple[Table, ...]
+    remarks: tuple[str, ...] = ()
+    extra: dict[str, object] = field(default_factory=dict)
+    """Machine-readable additions for `--format json` (e.g. the server tasks)."""
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summary(values: Sequence[float], qs: Sequence[float]) -> tuple[float | None, ...]:
+    """The given quantiles of the values, then their maximum."""
+    return (*(quantile(values, q) for q in qs), max(values) if values else None)
+
+
+def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    """Length of the intersection of [a0, a1] and [b0, b1] (0 if disjoint)."""
+    return max(0.0, min(a1, b1) - max(a0, b0))
