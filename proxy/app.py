@@ -31,6 +31,12 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
                                  skip_auto_headers=("User-Agent", "Content-Type"))
 
 
+# Each feature installs itself on the application: its routes, and a cleanup context that runs
+# after the core one below (so `app[STATE]` exists). Order matters only for routes.
+Feature = Callable[[web.Application], None]
+FEATURES: tuple[Feature, ...] = ()
+
+
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> web.Application:
     app = web.Application(client_max_size=int(config.listen.max_body_mb * 1024 * 1024) + 1)
 
@@ -46,6 +52,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
             state.timing_log.close()
 
     app.cleanup_ctx.append(lifecycle)
+    for install in FEATURES:
+        install(app)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 

@@ -5,7 +5,7 @@ registry, the timing log and the gate, under one typed application key.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,16 @@ class ProxyState:
     """The explicit `lora` array every request gets (LoRA modes fixed/none), or None."""
     config_gen: int = 1
     clock: Callable[[], float] = time.monotonic
+    reload_checks: list[Callable[[Config], Awaitable[None]]] = field(default_factory=list)
+    """Run on a new config before it takes effect; one that raises ConfigError refuses it."""
+
+    async def apply_config(self, new: Config) -> None:
+        """Make `new` the config for requests that arrive from now on (streams in flight keep
+        theirs); a check that raises ConfigError leaves the running config as it was."""
+        for check in self.reload_checks:
+            await check(new)
+        self.config = new
+        self.config_gen += 1
 
     @property
     def upstream_url(self) -> str:
