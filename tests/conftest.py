@@ -1,0 +1,85 @@
+"""Shared fixtures for tests that run the real llama-server: the binary, the testbed models, and a
+factory that starts servers on 127.0.0.1 and stops every one of them when the test ends."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from proxy.testbed.binary import BinaryError, find_llama_server
+from proxy.testbed.model import ModelFiles, write_model
+from proxy.testbed.server import LlamaServer
+
+StartLlamaServer = Callable[..., LlamaServer]
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary(pytestconfig: pytest.Config) -> Path:
+    """The llama-server binary; builds it on first use (minutes), with progress shown live."""
+    # A first build takes minutes: let its progress lines through pytest's output capture.
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    try:
+        with uncaptured:
+            return find_llama_server()
+    except BinaryError as exc:
+        pytest.fail(f"no llama-server for the real-server tests: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    """The fast testbed model (embd 256, 4 layers) and its LoRA adapter, seed 0."""
+    return write_model(tmp_path_factory.mktemp("tiny-model"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
+    """The contention-benchmark model (embd 768, 8 layers, ~126 MB), seed 0."""
+    return write_model(tmp_path_factory.mktemp("small-model"), "small", seed=0)
+
+
+@pytest.fixture
+def start_llama_server(
+    request: pytest.FixtureRequest, llama_server_binary: Path, tmp_path: Path
+) -> Iterator[StartLlamaServer]:
+    """`start_llama_server(model=None, *, lora=True, args=())` -> a started LlamaServer.
+
+    `model` is ModelFiles (default: the tiny model) or a bare .gguf path; `lora=True` loads the
+    model's testbed adapter (none for a bare path), False loads none, a Path loads that file.
+    `args` go to llama-server as they are. Every server started is stopped at teardown.
+    """
+    servers: list[LlamaServer] = []
+
+    def start(
+        model: ModelFiles | Path | None = None,
+        *,
+        lora: bool | Path = True,
+        args: Sequence[str] = (),
+    ) -> LlamaServer:
+        files = model if model is not None else request.getfixturevalue("tiny_model")
+        server = LlamaServer(
+            files.model if isinstance(files, ModelFiles) else Path(files),
+            lora=_adapter(files, lora),
+            args=args,
+            binary=llama_server_binary,
+            log_path=tmp_path / f"llama-server-{len(servers)}.log",
+        )
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _adapter(model: ModelFiles | Path, lora: bool | Path) -> Path | None:
+    if isinstance(lora, Path):
+        return lora
+    if lora and isinstance(model, ModelFiles):
+        return model.lora
+    return None
