@@ -1,0 +1,108 @@
+"""A model of what llama-server holds in its prompt cache, learned from the prompts slotwise sent.
+
+Each entry is the chain of block hashes of one slot's prompt (a block hash names the whole prefix up
+to it), bounded by the slot count and context. Pure: no I/O; the server's `cache_n` corrects it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+BLOCK_TOKENS = 64
+
+
+def block_hashes(ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
+    """Chained hashes of the full blocks of `ids`: equal at index k means equal prefixes of
+    (k + 1) * block tokens (a trailing partial block is not hashed)."""
+    out: list[int] = []
+    previous = 0
+    for start in range(0, len(ids) - block + 1, block):
+        previous = hash((previous, tuple(ids[start:start + block])))
+        out.append(previous)
+    return out
+
+
+def _common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading equal hashes of two chains; chaining makes equality monotone, so bisect."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class CacheModel:
+    """The server's slots as an LRU of prompt-prefix chains.
+
+    `estimate_cached(ids)` is the longest cached prefix (a multiple of the block size, at most
+    len(ids) - 1 since the server always recomputes one token). `record(ids, cache_n)` is called
+    after each request or piece with the prompt it sent: the entry sharing the longest prefix with
+    it (the slot the server most likely chose) takes the new prompt, otherwise the least recently
+    used entry makes room. If the server reports less cached than predicted, the entries that
+    claimed more are cut back to what the server said (trust the server).
+    """
+
+    def __init__(self, n_slots: int, n_ctx: int, *, block: int = BLOCK_TOKENS,
+                 max_total_tokens: int | None = None) -> None:
+        if n_slots < 1 or n_ctx < 1 or block < 1:
+            raise ValueError(f"need n_slots, n_ctx, block >= 1, got {n_slots}, {n_ctx}, {block}")
+        self._n_slots = n_slots
+        self._n_ctx = n_ctx
+        self._block = block
+        self._max_total = max_total_tokens
+        self._entries: list[list[int]] = []  # least recently used first
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cached_tokens(self) -> tuple[int, ...]:
+        """Tokens modelled per entry, least recently used first (for a status page)."""
+        return tuple(len(e) * self._block for e in self._entries)
+
+    def estimate_cached(self, ids: Sequence[int]) -> int:
+        return self._cached(block_hashes(ids, self._block), len(ids))
+
+    def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
+        chain = block_hashes(ids[:self._n_ctx], self._block)
+        if cache_n_reported is not None and cache_n_reported < self._cached(chain, len(ids)):
+            self._cut_back(chain, cache_n_reported)
+        best = self._best_match(chain)
+        if best is not None:
+            del self._entries[best]
+        self._entries.append(chain)
+        self._evict()
+
+    def clear(self) -> None:
+        """Forget everything (the server restarted, or its caches were erased)."""
+        self._entries.clear()
+
+    def _cached(self, chain: list[int], n_ids: int) -> int:
+        blocks = max((_common_blocks(e, chain) for e in self._entries), default=0)
+        return max(0, min(blocks * self._block, n_ids - 1))
+
+    def _cut_back(self, chain: list[int], cache_n: int) -> None:
+        keep = max(0, cache_n) // self._block
+        for i, entry in enumerate(self._entries):
+            if _common_blocks(entry, chain) > keep:
+                self._entries[i] = entry[:keep]
+        self._entries = [e for e in self._entries if e]
+
+    def _best_match(self, chain: list[int]) -> int | None:
+        shared = [_common_blocks(e, chain) for e in self._entries]
+        if not shared or max(shared) == 0:
+            return None
+        return shared.index(max(shared))
+
+    def _evict(self) -> None:
+        while len(self._entries) > self._n_slots or self._over_total():
+            self._entries.pop(0)
+
+    def _over_total(self) -> bool:
+        if self._max_total is None or len(self._entries) <= 1:
+            return False
+        return sum(map(len, self._entries)) * self._block > self._max_total

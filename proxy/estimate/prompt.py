@@ -1,0 +1,96 @@
+"""Which prompt a request body carries, before any tokenizer is asked: pure shape rules.
+
+Mirrors llama-server's `tokenize_input_prompts` / `tokenize_mixed` (tools/server/server-common.cpp):
+a string, an id array, a mixed array, `{"prompt_string": ...}`, or a one-element array of those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+CHAT_KINDS = frozenset({"chat"})
+"""Kinds whose prompt is the chat template applied to `messages` (OpenAI chat body)."""
+COMPLETION_KINDS = frozenset({"completion", "completions"})
+"""Kinds whose body carries `prompt` (native `/completion`, OpenAI `/v1/completions`)."""
+
+Prompt = str | list[str | int]
+"""A single prompt as the server tokenizes it: text, or a list of ids and text pieces."""
+
+
+class EstimateError(Exception):
+    """The prompt's tokens cannot be known ahead; the caller forwards as it came (fail open)."""
+
+
+class NotEstimable(EstimateError):
+    """The request's shape is not one slotwise can tokenize exactly (the message says why)."""
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def completion_prompt(body: Mapping[str, Any]) -> Prompt:
+    """The one prompt of a completion body; NotEstimable for several prompts or multimodal data."""
+    if "prompt" not in body:
+        raise NotEstimable("the body has no 'prompt'")
+    return _single(body["prompt"])
+
+
+def _single(prompt: Any) -> Prompt:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping):
+        if "multimodal_data" in prompt:
+            raise NotEstimable("a multimodal prompt")
+        if "prompt_string" not in prompt:
+            raise NotEstimable("a prompt object without 'prompt_string'")
+        return _single_text_or_mixed(prompt["prompt_string"])
+    if isinstance(prompt, list):
+        if any(_is_id(p) for p in prompt):
+            return _single_text_or_mixed(prompt)
+        if len(prompt) == 1:
+            return _single(prompt[0])
+        raise NotEstimable(f"{len(prompt)} prompts in one request")
+    raise NotEstimable(f"a prompt of type {type(prompt).__name__}")
+
+
+def _single_text_or_mixed(prompt: Any) -> Prompt:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(_is_id(p) or isinstance(p, str) for p in prompt):
+        return list(prompt)
+    raise NotEstimable("a prompt array may hold only token ids and strings")
+
+
+def given_ids(prompt: Prompt) -> list[int] | None:
+    """The ids when the prompt is a pure id array (used as given: no BOS, no tokenizer)."""
+    if isinstance(prompt, list) and all(_is_id(p) for p in prompt):
+        return [int(p) for p in prompt]
+    return None
+
+
+def tokenize_mixed(prompt: Prompt, tokenize: Callable[[str, bool], list[int]]) -> list[int]:
+    """llama-server's `tokenize_mixed`: `tokenize(text, add_special)` with special-token parsing;
+    add_special only for a string prompt or a string first element."""
+    if isinstance(prompt, str):
+        return tokenize(prompt, True)
+    ids: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            ids.extend(tokenize(part, i == 0))
+        else:
+            ids.append(part)
+    return ids
+
+
+def check_kind(kind: str) -> None:
+    if kind not in CHAT_KINDS | COMPLETION_KINDS:
+        raise NotEstimable(f"requests of kind {kind!r} are not estimated")
+
+
+def ids_of(values: Sequence[Any]) -> list[int]:
+    """Validate a tokenizer's answer: a list of ints."""
+    if not all(_is_id(v) for v in values):
+        raise EstimateError("the tokenizer answered something other than token ids")
+    return [int(v) for v in values]

@@ -1,0 +1,114 @@
+"""The prompt's token ids for a request body, exactly as llama-server will tokenize it.
+
+Two implementations of one small async interface: `UpstreamTokenizer` asks the server
+(`/apply-template`, `/tokenize`: answered on its HTTP threads, not slowed by a prefill);
+`LocalTokenizer` tokenizes in process with a GGUF vocabulary (llama-cpp-python).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from proxy.estimate.local_vocab import GgufVocab
+from proxy.estimate.prompt import (
+    CHAT_KINDS,
+    EstimateError,
+    Prompt,
+    check_kind,
+    completion_prompt,
+    given_ids,
+    ids_of,
+    tokenize_mixed,
+)
+
+
+class PromptTokenizer(Protocol):
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+        """All prompt ids of the request; raises EstimateError (then forward as it came)."""
+        ...
+
+
+class UpstreamTokenizer:
+    """Asks the llama-server behind slotwise. Chat: `/apply-template` then `/tokenize`."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *,
+                 headers: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> None:
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._headers = dict(headers or {})
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+        check_kind(kind)
+        prompt: Prompt = (await self.apply_template(body) if kind in CHAT_KINDS
+                          else completion_prompt(body))
+        ids = given_ids(prompt)
+        return ids if ids is not None else await self.tokenize(prompt)
+
+    async def apply_template(self, body: Mapping[str, Any]) -> str:
+        """The chat template applied to the body, by the same code the chat endpoint uses."""
+        answer = await self._post("/apply-template", body)
+        prompt = answer.get("prompt")
+        if not isinstance(prompt, str):
+            raise EstimateError("/apply-template answered without a 'prompt' string")
+        return prompt
+
+    async def tokenize(self, prompt: Prompt) -> list[int]:
+        """Ids of a text or mixed prompt, with the flags the completion endpoints use."""
+        answer = await self._post(
+            "/tokenize", {"content": prompt, "add_special": True, "parse_special": True})
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list):
+            raise EstimateError("/tokenize answered without a 'tokens' array")
+        return ids_of(tokens)
+
+    async def _post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        url = self._base + path
+        headers = {**self._headers, "Content-Type": "application/json"}
+        try:
+            async with self._session.post(url, data=orjson.dumps(payload), headers=headers,
+                                          timeout=self._timeout) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise EstimateError(f"{path} answered HTTP {resp.status}: {raw[:200]!r}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EstimateError(f"{path} failed: {type(exc).__name__}: {exc}") from exc
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EstimateError(f"{path} answered with invalid JSON") from exc
+        if not isinstance(answer, dict):
+            raise EstimateError(f"{path} answered with JSON that is not an object")
+        return answer
+
+
+class LocalTokenizer:
+    """Tokenizes in process (in a worker thread) with the server's own GGUF vocabulary.
+
+    Completion prompts never leave the process. Chat bodies still get their template from the
+    upstream's `/apply-template`: only the server's own (jinja) renderer is exact for every model
+    and every body field (tools, reasoning, chat_template_kwargs); the text is then tokenized here.
+    """
+
+    def __init__(self, vocab: GgufVocab, upstream: UpstreamTokenizer) -> None:
+        self._vocab = vocab
+        self._upstream = upstream
+
+    @classmethod
+    async def open(cls, model_path: str, upstream: UpstreamTokenizer) -> LocalTokenizer:
+        vocab = await asyncio.to_thread(GgufVocab.load, model_path)
+        return cls(vocab, upstream)
+
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+        check_kind(kind)
+        prompt: Prompt = (await self._upstream.apply_template(body) if kind in CHAT_KINDS
+                          else completion_prompt(body))
+        ids = given_ids(prompt)
+        if ids is not None:
+            return ids
+        return await asyncio.to_thread(tokenize_mixed, prompt, self._vocab.tokenize)

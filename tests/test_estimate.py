@@ -1,0 +1,193 @@
+"""The estimate's pure parts: the cache model with hand-made ids, prompt shapes, the combination."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.estimate import CacheModel, Estimate, NotEstimable, block_hashes, estimate
+from proxy.estimate.prompt import (
+    check_kind,
+    completion_prompt,
+    given_ids,
+    ids_of,
+    tokenize_mixed,
+)
+
+
+def seq(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+class TestBlockHashes:
+    def test_only_full_blocks(self) -> None:
+        assert len(block_hashes(seq(0, 63))) == 0
+        assert len(block_hashes(seq(0, 130))) == 2
+
+    def test_chained_a_block_names_its_whole_prefix(self) -> None:
+        a = seq(0, 128)
+        b = [999, *seq(1, 127)]
+        assert block_hashes(a)[1] != block_hashes(b)[1]  # same 2nd block, other prefix
+        assert block_hashes(a) == block_hashes([*a, 5])
+
+
+class TestCacheModel:
+    def test_empty_model_caches_nothing(self) -> None:
+        assert CacheModel(4, 8192).estimate_cached(seq(0, 1000)) == 0
+
+    def test_longest_cached_prefix_in_blocks(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1000))
+        assert cache.estimate_cached(seq(0, 1000) + seq(5000, 500)) == 960
+        assert cache.estimate_cached(seq(0, 700) + seq(5000, 500)) == 640
+        assert cache.estimate_cached(seq(1, 1000)) == 0
+
+    def test_whole_prompt_cached_still_computes_one_token(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 128))
+        assert cache.estimate_cached(seq(0, 128)) == 127
+
+    def test_best_of_several_slots(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 300))
+        cache.record(seq(10_000, 900))
+        assert cache.estimate_cached(seq(10_000, 2000)) == 896
+        assert cache.estimate_cached(seq(0, 2000)) == 256
+
+    def test_extension_replaces_its_own_entry(self) -> None:
+        cache = CacheModel(2, 8192)
+        cache.record(seq(0, 256))
+        cache.record(seq(0, 512))  # a piece extends the same slot
+        cache.record(seq(0, 768))
+        assert cache.entries == 1
+        assert cache.cached_tokens == (768,)
+
+    def test_lru_bounded_by_slot_count(self) -> None:
+        cache = CacheModel(2, 8192)
+        cache.record(seq(0, 256))
+        cache.record(seq(1000, 256))
+        cache.estimate_cached(seq(0, 256))  # an estimate is not a use
+        cache.record(seq(0, 320))  # touches the first entry
+        cache.record(seq(2000, 256))  # evicts the least recently used: 1000..
+        assert cache.entries == 2
+        assert cache.estimate_cached(seq(1000, 256)) == 0
+        assert cache.estimate_cached(seq(0, 400)) == 320
+
+    def test_bounded_by_context(self) -> None:
+        cache = CacheModel(4, 256)
+        cache.record(seq(0, 1000))
+        assert cache.estimate_cached(seq(0, 1000)) == 256
+
+    def test_bounded_by_total_tokens(self) -> None:
+        cache = CacheModel(4, 8192, max_total_tokens=1024)
+        cache.record(seq(0, 640))
+        cache.record(seq(5000, 640))
+        assert cache.entries == 1
+        assert cache.estimate_cached(seq(5000, 700)) == 640
+
+    def test_server_reports_less_then_trust_the_server(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1024))
+        prompt = seq(0, 1024) + seq(9000, 100)
+        assert cache.estimate_cached(prompt) == 1024
+        cache.record(prompt, cache_n_reported=200)  # it had only 200 of them
+        assert cache.estimate_cached(prompt) == 1088  # the new prompt itself is now cached
+        assert cache.estimate_cached(seq(0, 1024) + seq(7000, 64)) == 1024
+
+    def test_server_reports_less_cuts_stale_entries(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1024))
+        cache.record(seq(0, 512) + seq(3000, 512))
+        # A third prompt sharing 512 tokens: the server found none of them (evicted).
+        third = seq(0, 512) + seq(7000, 64)
+        cache.record(third, cache_n_reported=0)
+        assert cache.estimate_cached(seq(0, 1024)) == 512  # only the third entry holds 0..511
+        assert cache.entries == 1  # emptied entries are dropped
+
+    def test_server_reports_more_is_kept(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 512), cache_n_reported=400)
+        assert cache.estimate_cached(seq(0, 600)) == 512
+
+    def test_clear(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 512))
+        cache.clear()
+        assert cache.estimate_cached(seq(0, 512)) == 0
+
+    def test_bad_sizes(self) -> None:
+        with pytest.raises(ValueError, match="n_slots"):
+            CacheModel(0, 8192)
+
+
+class TestEstimate:
+    def test_new_tokens_are_those_not_cached(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1000))
+        est = estimate(seq(0, 1000) + seq(5000, 40), cache)
+        assert est == Estimate(prompt_tokens=1040, new_tokens=80)
+        assert est.cached_tokens == 960
+
+    def test_without_cache_model_all_new(self) -> None:
+        assert estimate(seq(0, 10)) == Estimate(10, 10)
+
+
+class TestPromptShapes:
+    @pytest.mark.parametrize(("prompt", "expected"), [
+        ("hello", "hello"),
+        ([1, 2, 3], [1, 2, 3]),
+        ([1, "a", 2], [1, "a", 2]),
+        (["only one"], "only one"),
+        ([[5, 6]], [5, 6]),
+        ({"prompt_string": "x"}, "x"),
+        ({"prompt_string": [7, "y"]}, [7, "y"]),
+    ])
+    def test_single_prompt(self, prompt: Any, expected: Any) -> None:
+        assert completion_prompt({"prompt": prompt}) == expected
+
+    @pytest.mark.parametrize(("prompt", "why"), [
+        (["a", "b"], "2 prompts"),
+        ([[1], [2]], "2 prompts"),
+        ([], "0 prompts"),
+        ({"prompt_string": "x", "multimodal_data": ["AA=="]}, "multimodal"),
+        ({"text": "x"}, "prompt_string"),
+        ([1, 2.5], "only token ids and strings"),
+        ([1, True], "only token ids and strings"),
+        (3, "type int"),
+    ])
+    def test_not_estimable(self, prompt: Any, why: str) -> None:
+        with pytest.raises(NotEstimable, match=why):
+            completion_prompt({"prompt": prompt})
+
+    def test_missing_prompt(self) -> None:
+        with pytest.raises(NotEstimable, match="no 'prompt'"):
+            completion_prompt({})
+
+    def test_given_ids(self) -> None:
+        assert given_ids([3, 4]) == [3, 4]
+        assert given_ids([3, "x"]) is None
+        assert given_ids("x") is None
+
+    def test_tokenize_mixed_adds_special_only_first_string(self) -> None:
+        calls: list[tuple[str, bool]] = []
+
+        def fake(text: str, add_special: bool) -> list[int]:
+            calls.append((text, add_special))
+            return [len(text)]
+
+        assert tokenize_mixed("abc", fake) == [3]
+        assert tokenize_mixed(["ab", 9, "cde"], fake) == [2, 9, 3]
+        assert tokenize_mixed([9, "ab"], fake) == [9, 2]
+        assert calls == [("abc", True), ("ab", True), ("cde", False), ("ab", False)]
+
+    def test_kinds(self) -> None:
+        for kind in ("chat", "completion", "completions"):
+            check_kind(kind)
+        with pytest.raises(NotEstimable, match="infill"):
+            check_kind("infill")
+
+    def test_ids_of(self) -> None:
+        assert ids_of([1, 2]) == [1, 2]
+        with pytest.raises(Exception, match="token ids"):
+            ids_of([1, "x"])
