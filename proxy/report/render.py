@@ -20,7 +20,8 @@ def to_text(reports: Sequence[Report], names: Sequence[str], width: int = 120, c
     console = Console(file=out, width=width, force_terminal=color, no_color=not color)
     console.print(f"[bold]{' vs '.join(r.title for r in reports)}[/bold]")
     for grid in grids(reports, names):
-        rich = RichTable(title=grid[0], title_justify="left", box=box.SIMPLE_HEAD)
+        console.print(f"\n[bold]{grid[0]}[/bold]", highlight=False)
+        rich = RichTable(box=box.SIMPLE_HEAD)
         for i, name in enumerate(grid[1]):
             rich.add_column(name, justify="left" if i == 0 else "right")
         for cells in grid[2]:

@@ -40,13 +40,13 @@ def write_png(tl: Timeline, title: str, path: str) -> None:
     ax.set_ylim(tl.lanes - 0.5, -0.5)
     ax.set_xlim(0, max(tl.duration, 1e-3))
     ax.set_xlabel("seconds")
-    ax.set_title(title)
+    ax.set_title(title, loc="left", fontsize=10)
     labels = [n for n in COLOURS if n != "unknown"]
     stall = "stall" if tl.stall_rate is None else f"stall (< {tl.stall_rate:.1f} tok/s)"
     ax.legend(
         handles=[Patch(color=COLOURS[n], label=stall if n == "stall" else n) for n in labels],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.25),
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
         ncol=len(labels),
         fontsize=8,
     )

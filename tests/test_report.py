@@ -1,0 +1,304 @@
+"""`slotwise report`: aggregation on hand-made timing records, the loader, renderers and CLI."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import main
+from proxy.report import record_tables, tables
+from proxy.report.model import Table
+from proxy.report.records import InputError, load_timing_log, record_to_span
+from proxy.report.spanindex import SpanIndex
+from proxy.report.tables import Thresholds
+
+T0 = 1_762_312_800.0  # 2025-11-05T03:20:00Z
+
+
+def rec(
+    id: str,
+    at: float,
+    total: float,
+    *,
+    wait: float = 0.1,
+    prefill: float = 0.2,
+    prompt_n: int = 100,
+    cache_n: int = 0,
+    predicted_n: int = 50,
+    decode: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A timing record: times in seconds from T0; decode defaults to the rest of the total."""
+    decode = total - wait - prefill if decode is None else decode
+    record = {
+        "id": id,
+        "start": datetime.fromtimestamp(T0 + at, UTC).isoformat(timespec="milliseconds"),
+        "kind": "chat",
+        "outcome": "done",
+        "stream": True,
+        "total_ms": total * 1000,
+        "prefill_wait_ms": wait * 1000,
+        "ttft_ms": (wait + prefill) * 1000,
+        "decode_ms": decode * 1000,
+        "events": predicted_n,
+        "timings": {
+            "prompt_n": prompt_n,
+            "cache_n": cache_n,
+            "prompt_ms": prefill * 1000,
+            "predicted_n": predicted_n,
+            "predicted_ms": decode * 1000,
+        },
+        "lora_out": None,
+        "lora_rewritten": False,
+        "inflight_at_start": [],
+        "overlaps": [],
+        "prefill_plan": "none",
+        "held_ms": 0.0,
+        "pieces": 0,
+    }
+    record.update(extra)
+    record["_t0"] = T0 + at
+    return record
+
+
+def table(t: Table) -> dict[str, tuple[int, tuple[float | None, ...]]]:
+    return {r.label: (r.n, r.values) for r in t.rows}
+
+
+def spans_of(*records: dict[str, Any]) -> tuple[list[Any], SpanIndex]:
+    spans = [record_to_span(r) for r in records]
+    return spans, SpanIndex(spans)
+
+
+def test_turns_split_by_cache_hit_size_and_purpose() -> None:
+    spans, _ = spans_of(
+        rec("a", 0, 10, prompt_n=10, cache_n=990, purpose="chat"),
+        rec("b", 100, 20, prompt_n=6000, cache_n=0, purpose="chat"),
+        rec("c", 200, 30, prompt_n=500, cache_n=500, purpose="summary"),
+    )
+    rows = table(tables.turns_table(spans, Thresholds()))
+    assert rows["all turns"] == (3, (20.0, pytest.approx(29.0), 30.0))
+    assert rows["of which >= 95% cached"] == (1, (10.0, 10.0, 10.0))
+    assert rows["of which >= 5,000 new tokens"][0] == 1
+    assert rows["purpose summary"] == (1, (30.0, 30.0, 30.0))
+
+
+def test_time_split_uses_the_rates_of_requests_that_ran_alone() -> None:
+    alone = rec("a", 0, 3.0, wait=0.0, prefill=1.0, prompt_n=800, predicted_n=100, decode=2.0)
+    # b and c overlap: b took 10 s for 800 + 100 tokens that alone would take 1 + 2 s.
+    b = rec("b", 100, 10.0, wait=0.0, prefill=1.0, prompt_n=800, predicted_n=100)
+    c = rec("c", 101, 3.0, wait=0.0, prefill=1.0, prompt_n=800, predicted_n=100, decode=2.0)
+    spans, index = spans_of(alone, b, c)
+    t = tables.time_split_table(spans, index)
+    rows = table(t)
+    assert rows["own decode"][1][0] == pytest.approx(6.0)
+    assert rows["own prefill"][1][0] == pytest.approx(3.0)
+    assert rows["increment caused by others (waits, shared steps)"][1][0] == pytest.approx(7.0)
+    assert "decode 50.0 tok/s, prefill 800 tok/s" in t.note
+
+
+def test_time_split_without_any_lone_request_says_so() -> None:
+    spans, index = spans_of(rec("a", 0, 10), rec("b", 1, 10))
+    assert "no turn ran alone" in tables.time_split_table(spans, index).note
+
+
+def test_decode_rate_inside_long_prefills_versus_the_rest() -> None:
+    overlap = {
+        "id": "x",
+        "new_tokens": 20000,
+        "from_ms": 1000,
+        "to_ms": 6000,
+        "decode_events": 2,
+        "decode_ms": 5000,
+    }
+    small = {
+        "id": "y",
+        "new_tokens": 300,
+        "from_ms": 7000,
+        "to_ms": 7100,
+        "decode_events": 1,
+        "decode_ms": 100,
+    }
+    records = [
+        rec("a", 0, 10.3, predicted_n=100, decode=10.0, overlaps=[overlap, small]),
+        rec("b", 50, 2.3, predicted_n=40, decode=2.0),
+    ]
+    rows = table(record_tables.decode_rate_table(records, 15000))
+    during = rows["while another slot prefilled >= 15,000 tokens"]
+    assert during[0] == 1 and during[1][0] == pytest.approx(0.4)
+    otherwise = rows["otherwise"]
+    assert otherwise[0] == 2
+    assert otherwise[1][2] == pytest.approx((98 + 40) / 7.0)  # pooled
+
+
+def test_waits_grouped_by_the_lora_of_what_was_running() -> None:
+    lora_a, lora_b = [{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}]
+    records = [
+        rec("run", 0, 100, lora_out=lora_a),
+        rec("other", 1, 10, wait=5, lora_out=lora_b, inflight_at_start=["run"]),
+        rec("same", 2, 10, wait=2, lora_out=lora_a, inflight_at_start=["run"]),
+        rec("none", 500, 10, wait=1.5, lora_out=lora_a),
+        rec("short", 600, 10, wait=0.5, lora_out=lora_a),
+    ]
+    spans, index = spans_of(*records)
+    rows = table(tables.waits_table(spans, index, Thresholds()))
+    assert rows["requests with other LoRA settings"] == (1, (5.0, 5.0))
+    assert rows["requests with the same LoRA settings"] == (1, (2.0, 2.0))
+    assert rows["nothing"] == (1, (1.5, 1.5))
+
+
+def test_ttft_of_short_turns_split_by_contention() -> None:
+    records = [
+        rec("alone", 0, 5, wait=0.1, prefill=0.4),
+        rec("big", 100, 30, wait=0.0, prefill=20, prompt_n=20000),
+        rec("hit", 101, 20, wait=0.0, prefill=9.0),  # first token inside big's prefill
+        rec("x", 200, 10, wait=0.0, prefill=0.5),
+        rec("y", 201, 5, wait=0.0, prefill=2.0),  # overlaps x, which prefills 200.0-200.5
+    ]
+    spans, index = spans_of(*records)
+    rows = table(tables.ttft_table(spans, index, Thresholds()))
+    assert rows["nothing else running"] == (2, (0.5, pytest.approx(0.5), 0.5))
+    assert rows["overlapping other requests"][0] == 1
+    assert rows["overlapping a prefill of >= 5,000 tokens"] == (1, (9.0, 9.0, 9.0))
+
+
+def test_sources_of_long_prefills() -> None:
+    records = [
+        rec("a1", 0, 30, prompt_n=20000, client="ann"),  # first turn of ann
+        rec("a2", 100, 5, client="ann", purpose="summary"),
+        rec("a3", 200, 30, prompt_n=15000, client="ann"),  # right after the summary
+        rec("a4", 300, 5, prompt_n=6000, client="ann", purpose="translate"),
+        rec("a5", 400, 5, prompt_n=7000, client="ann", purpose="translate"),
+    ]
+    spans, _ = spans_of(*records)
+    rows = table(tables.sources_table(spans, Thresholds()))
+    assert rows["first turn of a client (in the log, or after >= 30 min)"] == (1, (20000.0, 20000))
+    assert rows["turn right after a 'summary' request of the same client"][0] == 1
+    assert rows["purpose 'translate'"] == (2, (13000.0, 6500))
+
+
+def test_requests_policy_and_estimate_tables() -> None:
+    records = [
+        rec("a", 0, 1, est_new_tokens=110, prompt_n=100, lora_rewritten=True),
+        rec("b", 5, 1, est_new_tokens=100, prompt_n=100, prefill_plan="chunked", pieces=3, held_ms=1500.0),
+        rec("c", 9, 1, outcome="client_gone"),
+    ]
+    rows = table(record_tables.requests_table(records))
+    assert rows["LoRA rewritten"][0] == 1
+    assert rows["prefill plan chunked"] == (1, (1.5,))
+    assert rows["prompt pieces fed ahead"][0] == 3
+    assert rows["outcome client_gone"][0] == 1
+    est = table(record_tables.estimate_table(records))["estimate - actual new tokens"]
+    assert est[0] == 2 and est[1][0] == 5.0 and est[1][3] == 100.0
+
+
+def write_log(path: Path, records: list[dict[str, Any]], extra: str = "") -> Path:
+    lines = [json.dumps({k: v for k, v in r.items() if k != "_t0"}) for r in records]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def test_loader_counts_lines_that_are_not_records(tmp_path: Path) -> None:
+    log = load_timing_log(str(write_log(tmp_path / "t.jsonl", [rec("a", 0, 1)], "oops\n[1]\n")))
+    assert len(log.records) == 1 and log.bad_lines == (2, 3)
+
+
+def test_loader_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read timing log"):
+        load_timing_log(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "x.txt").write_text("hello\nworld\n")
+    with pytest.raises(InputError, match="no timing records"):
+        load_timing_log(str(tmp_path / "x.txt"))
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Path:
+    records = [rec(f"r{i}", i * 60.0, 5 + i, client="ann") for i in range(6)]
+    records.append(rec("late", 3600 * 5, 3, client="bob"))
+    return write_log(tmp_path / "timing.jsonl", records, "not json\n")
+
+
+def test_cli_report_text_mentions_every_table_and_the_bad_line(
+    log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(log_file)]) == 0
+    out = capsys.readouterr().out
+    for title in (
+        "Turns: total time",
+        "Where the time went",
+        "Decode rate",
+        "Waits of 1 s",
+        "Time to first token",
+        "Sources of prefills",
+        "Estimate accuracy",
+    ):
+        assert title in out
+    assert "1 of 8 lines are not timing records" in out
+
+
+def test_cli_report_json_and_since(log_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "report",
+                str(log_file),
+                "--since",
+                "2025-11-05T03:21:30Z",
+                "--until",
+                "2025-11-05T04:00",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
+    body = json.loads(capsys.readouterr().out)
+    turns = next(t for t in body["tables"] if t["key"] == "turns")
+    assert turns["rows"][0]["n"] == 4  # r2..r5
+
+
+def test_cli_compare_ranges_show_the_count_in_every_cell(
+    log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "report",
+            str(log_file),
+            "--format",
+            "markdown",
+            "--compare",
+            "2025-11-05T03:20..2025-11-05T03:23",
+            "2025-11-05T03:23..",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("| all turns"))
+    assert "(3)" in line and "(4)" in line
+
+
+def test_cli_compare_two_files(log_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--compare", str(log_file), str(log_file), "--format", "html"]) == 0
+    assert "<table>" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "/nonexistent.jsonl"], "cannot read timing log"),
+        (["report", "LOG", "--since", "yesterday"], "--since: 'yesterday' is not a time"),
+        (["report", "LOG", "--compare", "a", "b"], "neither a file nor a time range"),
+        (["report", "LOG", "--timeline", "x.svg"], "must end in .html or .png"),
+    ],
+)
+def test_cli_bad_input_is_one_line(
+    argv: list[str], message: str, log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [str(log_file) if a == "LOG" else a for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
