@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from proxy.cli import main
+from proxy.testbed import binary
 from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer, ServerStartError
@@ -195,3 +196,21 @@ async def _completion_stream(server: LlamaServer, body: dict[str, Any]) -> list[
             if line.startswith(b"data: "):
                 events.append(orjson.loads(line.removeprefix(b"data: ")))
     return events
+
+
+def test_failed_build_points_to_its_log_and_caches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "tools"
+    for name in ("cc", "c++"):
+        _fake_executable(tools / name)
+    (tools / "cmake").write_text("#!/bin/sh\necho 'CMake Error: no way'\nexit 1\n")
+    (tools / "cmake").chmod(0o755)
+    monkeypatch.setattr(binary, "_fetch_source", lambda work, log, log_path: tmp_path)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    target = tmp_path / "cache" / "llama-server"
+    with pytest.raises(BinaryError, match=r"cmake configure failed .*build\.log(.|\n)*no way"):
+        binary.build_llama_server(target)
+    assert not target.exists()

@@ -80,7 +80,7 @@ def build_llama_server(target: Path) -> Path:
         # The work dir sits next to the target so the final rename stays on one filesystem.
         with (
             tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work_name,
-            log_path.open("w") as log,
+            log_path.open("w", buffering=1) as log,  # line-buffered: `tail -f` shows progress
         ):
             work = Path(work_name)
             built = _compile(_fetch_source(work, log, log_path), work / "build", log, log_path)
@@ -104,7 +104,11 @@ def _is_executable(path: Path) -> bool:
 @contextmanager
 def _exclusive_lock(path: Path) -> Iterator[None]:
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _progress("another process is building llama-server; waiting for it")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -182,7 +186,9 @@ def _run(argv: list[str], *, cwd: Path, log: TextIO, log_path: Path, step: str) 
         _copy_output(process.stdout, log)
         code = process.wait()
     if code != 0:
-        raise BinaryError(f"{step} failed (exit code {code}); see the build log {log_path}")
+        log.flush()
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise BinaryError(f"{step} failed (exit code {code}); build log {log_path} ends with:\n{tail}")
 
 
 def _copy_output(stream: IO[str], log: TextIO) -> None:
