@@ -37,6 +37,8 @@ class ListenConfig:
     """Port slotwise listens on."""
     max_body_mb: float = 64.0
     """Largest request body accepted; a larger one gets HTTP 413."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long streams in flight may run on before they are cut."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,8 @@ def _listen(data: Mapping[str, Any]) -> ListenConfig:
         port=_number(data, "port", "listen.port", d.port, low=0, high=65535, integer=True),
         max_body_mb=_number(data, "max_body_mb", "listen.max_body_mb", d.max_body_mb,
                             low=0.001, high=4096),
+        shutdown_grace_s=_number(data, "shutdown_grace_s", "listen.shutdown_grace_s",
+                                 d.shutdown_grace_s, low=0, high=86400),
     )
 
 

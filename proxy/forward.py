@@ -141,6 +141,9 @@ class Relay:
         first = not flight.timer.progress_seen
         flight.timer.on_progress(now, progress)
         total, cache = progress.get("total"), progress.get("cache")
+        processed = progress.get("processed")
+        if isinstance(processed, int):
+            flight.prefill_done_tokens = processed
         if first and isinstance(total, int) and isinstance(cache, int):
             flight.prompt_tokens = total
             flight.new_tokens = total - cache

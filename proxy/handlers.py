@@ -210,3 +210,4 @@ class Exchange:
             record = {"id": self.flight.id, "outcome": "proxy_error",
                       "error": "slotwise could not build this record"}
         self.state.timing_log.write(record)
+        self.state.observe_record(record)

@@ -39,6 +39,7 @@ class Flight:
     lora_out: Any = None
     new_tokens: int | None = None  # prompt tokens the server computes (progress, then timings)
     est_new_tokens: int | None = None
+    prefill_done_tokens: int | None = None  # the latest progress chunk's `processed` (status page)
     prompt_tokens: int | None = None
     prefill_start: float | None = None
     prefill_end: float | None = None

@@ -4,6 +4,7 @@ registry, the timing log and the gate, under one typed application key.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from proxy.config import Config
 from proxy.inflight import Registry
 from proxy.timing_log import TimingLog
 
+log = logging.getLogger("slotwise")
 
 def _no_forced_lora() -> list[dict[str, Any]] | None:
     return None
@@ -35,6 +37,8 @@ class ProxyState:
     clock: Callable[[], float] = time.monotonic
     reload_checks: list[Callable[[Config], Awaitable[None]]] = field(default_factory=list)
     """Run on a new config before it takes effect; one that raises ConfigError refuses it."""
+    record_observers: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """Called with every finished timing record (metrics, the status page)."""
 
     async def apply_config(self, new: Config) -> None:
         """Make `new` the config for requests that arrive from now on (streams in flight keep
@@ -43,6 +47,14 @@ class ProxyState:
             await check(new)
         self.config = new
         self.config_gen += 1
+
+    def observe_record(self, record: dict[str, Any]) -> None:
+        """Hand a finished record to every observer; a failing observer never harms the request."""
+        for observer in self.record_observers:
+            try:
+                observer(record)
+            except Exception:
+                log.exception("a record observer failed on %s", record.get("id"))
 
     @property
     def upstream_url(self) -> str:
