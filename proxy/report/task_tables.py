@@ -13,14 +13,13 @@ from proxy.report.tasks import Task, tg_segments
 
 
 def tg3s_table(tasks: Sequence[Task], long_prefill: int) -> Table:
-    """tg_3s samples whose window lay mostly inside another slot's prefill of >= N tokens."""
+    """tg_3s samples by how much of their window lay inside another slot's prefill of >= N."""
     prefills = [
         (t.key, t.prefill_start_s, t.decode_start_s)
         for t in tasks
         if (t.prompt_n or 0) >= long_prefill and t.prefill_start_s is not None
     ]
-    during: list[float] = []
-    rest: list[float] = []
+    groups: dict[str, list[float]] = defaultdict(list)
     for task in tasks:
         for seg in tg_segments(task):
             inside = sum(
@@ -28,13 +27,16 @@ def tg3s_table(tasks: Sequence[Task], long_prefill: int) -> Table:
                 for key, a, b in prefills
                 if key != task.key and a is not None and b is not None
             )
-            (during if inside >= 0.5 * (seg.end - seg.start) else rest).append(seg.rate)
+            share = inside / (seg.end - seg.start)
+            groups["during" if share >= 0.9 else "otherwise" if share <= 0.1 else "partly"].append(seg.rate)
+    labels = {
+        "during": f"while another slot prefilled >= {long_prefill:,} tokens",
+        "otherwise": "otherwise",
+        "partly": "window partly inside such a prefill",
+    }
     rows = tuple(
-        Row(label, len(rates), (quantile(rates, 0.5), min(rates, default=None)))
-        for label, rates in (
-            (f"while another slot prefilled >= {long_prefill:,} tokens", during),
-            ("otherwise", rest),
-        )
+        Row(label, len(groups[k]), (quantile(groups[k], 0.5), min(groups[k], default=None)))
+        for k, label in labels.items()
     )
     return Table(
         "decode_rate",
@@ -42,7 +44,8 @@ def tg3s_table(tasks: Sequence[Task], long_prefill: int) -> Table:
         ("median", "min"),
         ("tok/s", "tok/s"),
         rows,
-        note="a sample counts as 'while' when at least half its window lies in the prefill",
+        note="a sample's window is the time since the slot's previous n_gen line; 'while' means "
+        ">= 90% of it inside the prefill, 'otherwise' <= 10%",
         n_label="samples",
     )
 
