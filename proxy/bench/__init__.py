@@ -1,0 +1,1 @@
+"""Benchmarks that measure slotwise against a real llama-server, figures beside their baselines."""

@@ -1,0 +1,149 @@
+"""What the benchmarks share: a `slotwise serve` subprocess with a generated config, and a streaming
+client that times each event of a request."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import orjson
+
+_LISTENING = re.compile(r"slotwise listening on (http://\S+),")
+
+
+class SlotwiseProcess:
+    """`slotwise serve` in its own process (its own core), on a free port, with a TOML config
+    written from `tables`."""
+
+    def __init__(self, upstream_url: str, work_dir: Path, **tables: dict[str, Any]) -> None:
+        self.work_dir = work_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.timing_path = work_dir / "timing.jsonl"
+        self.config_path = work_dir / "slotwise.toml"
+        self.stderr_path = work_dir / "slotwise.log"
+        body: dict[str, dict[str, Any]] = {"upstream": {"url": upstream_url}, "listen": {"port": 0},
+                "log": {"timing": str(self.timing_path), "level": "info"}, **tables}
+        self.config_path.write_text(_toml(body))
+        self.url = ""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "slotwise is not running"
+        return self._process.pid
+
+    def start(self, timeout: float = 30.0) -> SlotwiseProcess:
+        stderr = open(self.stderr_path, "wb")  # noqa: SIM115 (handed to the child)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--config", str(self.config_path)],
+            stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stderr.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.stderr_path.read_text(errors="replace"))
+            if match:
+                self.url = match.group(1)
+                return self
+            if self._process.poll() is not None:
+                break
+            time.sleep(0.05)
+        log = self.stderr_path.read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"slotwise did not start; its log ends with:\n{log}")
+
+    def stop(self) -> int | None:
+        process, self._process = self._process, None
+        if process is None:
+            return None
+        process.terminate()
+        try:
+            return process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.timing_path.exists():
+            return []
+        return [orjson.loads(line) for line in self.timing_path.read_bytes().splitlines()]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def __enter__(self) -> SlotwiseProcess:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _toml(tables: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return orjson.dumps(value).decode()
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+@dataclass
+class StreamResult:
+    sent: float
+    headers: float | None = None
+    tokens: list[float] = field(default_factory=list)
+    ended: float | None = None
+    status: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.tokens[0] - self.sent if self.tokens else None
+
+
+async def timed_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                       ) -> StreamResult:
+    """POST a streaming chat request; note when each token event arrives."""
+    result = StreamResult(sent=time.monotonic())
+    async with session.post(url + "/v1/chat/completions", json=body) as response:
+        result.headers = time.monotonic()
+        result.status = response.status
+        buffer = b""
+        async for chunk in response.content.iter_any():
+            now = time.monotonic()
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                if event.startswith(b"data: {") and b'"content":"' in event:
+                    result.tokens.append(now)
+    result.ended = time.monotonic()
+    return result
+
+
+def temp_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

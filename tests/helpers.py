@@ -1,0 +1,54 @@
+"""Helpers shared by the tests: a proxy in a thread in front of a given upstream, and its records."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.config import parse_config
+from proxy.runner import ProxyThread
+
+
+def start_proxy(upstream_url: str, log_dir: Path, **tables: Any) -> ProxyThread:
+    """A running proxy (stop it with `.stop()`); `tables` are extra config tables."""
+    upstream = {"url": upstream_url, **tables.pop("upstream", {})}
+    listen = {"port": 0, **tables.pop("listen", {})}
+    log = {"timing": str(log_dir / "timing.jsonl"), **tables.pop("log", {})}
+    config = parse_config({"upstream": upstream, "listen": listen, "log": log, **tables})
+    return ProxyThread(config).__enter__()
+
+
+def read_records(proxy: ProxyThread) -> list[dict[str, Any]]:
+    path = Path(proxy.config.log.timing)
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@dataclass
+class Reply:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
+
+
+def http(method: str, url: str, json: Any = None, timeout: float = 60.0) -> Reply:
+    """A plain synchronous HTTP call that returns error statuses instead of raising."""
+    data = orjson.dumps(json) if json is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(response.status, {k.lower(): v for k, v in response.headers.items()},
+                         response.read())
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())

@@ -1,0 +1,215 @@
+"""The proxy in front of a real llama-server: clients see what they would see directly, and every
+request's record holds the true figures (queue wait, the server's own timings, client gone)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.runner import ProxyThread
+from proxy.testbed.server import LlamaServer
+from tests.helpers import http, read_records, start_proxy
+
+pytestmark = pytest.mark.real_server
+
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Tell me about the sea and the ships on it."}]
+FIXED = {"temperature": 0, "seed": 42, "max_tokens": 24}
+NO_CACHE = {"cache_prompt": False}  # the same computation on both paths, to the last bit
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_binary: Path, tiny_model: Any, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[LlamaServer]:
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    with LlamaServer(tiny_model.model, lora=None, args=["-np", "2", "-c", "8192"],
+                     binary=llama_server_binary, log_path=log) as running:
+        yield running
+
+
+@pytest.fixture
+def proxy(server: LlamaServer, tmp_path: Path) -> Iterator[ProxyThread]:
+    running = start_proxy(server.url, tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def clients(server: LlamaServer, proxy: ProxyThread) -> tuple[openai.OpenAI, openai.OpenAI]:
+    return (openai.OpenAI(base_url=server.url + "/v1", api_key="x"),
+            openai.OpenAI(base_url=proxy.url + "/v1", api_key="x"))
+
+
+def test_chat_non_streamed_is_the_same(server: LlamaServer, proxy: ProxyThread) -> None:
+    direct, proxied = clients(server, proxy)
+    a = direct.chat.completions.create(model="m", messages=MESSAGES, extra_body=NO_CACHE, **FIXED)
+    b = proxied.chat.completions.create(model="m", messages=MESSAGES, extra_body=NO_CACHE, **FIXED)
+    assert a.choices[0].message.content and a.choices[0].message.content == b.choices[0].message.content
+    assert a.choices[0].finish_reason == b.choices[0].finish_reason
+    assert a.usage == b.usage
+    (rec,) = read_records(proxy)
+    assert rec["outcome"] == "done" and rec["status"] == 200 and rec["stream"] is False
+    assert rec["timings"]["predicted_n"] == b.usage.completion_tokens
+    assert rec["prompt_tokens"] == b.usage.prompt_tokens
+
+
+def chat_stream(client: openai.OpenAI) -> tuple[list[str | None], list[str | None], Any]:
+    stream = client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True},
+        extra_body=NO_CACHE, **FIXED)
+    deltas, finishes, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content)
+            finishes.append(choice.finish_reason)
+    return deltas, finishes, usage
+
+
+def test_chat_streamed_is_the_same_event_for_event(server: LlamaServer, proxy: ProxyThread) -> None:
+    direct, proxied = clients(server, proxy)
+    a, b = chat_stream(direct), chat_stream(proxied)
+    assert a == b and len(a[0]) > 10
+    (rec,) = read_records(proxy)
+    assert rec["progress_added"] is True  # slotwise asked for progress, and the client never saw it
+    assert rec["events"] == sum(1 for d in b[0] if d)
+    assert rec["timings"]["predicted_n"] == a[2].completion_tokens
+
+
+def raw_events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream's events, with the fields that differ on every call taken out."""
+    response = http("POST", url + path, json=body)
+    assert response.status_code == 200
+    events = []
+    for block in response.content.split(b"\n\n"):
+        if block.startswith(b"data: ") and block != b"data: [DONE]":
+            obj = orjson.loads(block[6:])
+            for volatile in ("id", "created", "timings", "system_fingerprint"):
+                obj.pop(volatile, None)
+            events.append(obj)
+    return events
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/completions"])
+def test_raw_streams_match_chunk_for_chunk(server: LlamaServer, proxy: ProxyThread,
+                                           path: str) -> None:
+    body: dict[str, Any] = {"stream": True, "temperature": 0, "seed": 1, "n_predict": 16,
+                            "cache_prompt": False}
+    if path == "/v1/chat/completions":
+        body["messages"] = MESSAGES
+    else:
+        body["prompt"] = "Once upon a time"
+    direct, proxied = raw_events(server.url, path, body), raw_events(proxy.url, path, body)
+    assert len(direct) >= 16
+    assert proxied == direct
+
+
+def test_completions_non_streamed_is_the_same(server: LlamaServer, proxy: ProxyThread) -> None:
+    direct, proxied = clients(server, proxy)
+    a = direct.completions.create(model="m", prompt="The road", extra_body=NO_CACHE, **FIXED)
+    b = proxied.completions.create(model="m", prompt="The road", extra_body=NO_CACHE, **FIXED)
+    assert a.choices[0].text and a.choices[0].text == b.choices[0].text
+    assert a.usage == b.usage
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/tokenize", {"content": "hello world", "with_pieces": True}),
+    ("POST", "/detokenize", {"tokens": [104, 105]}),
+    ("GET", "/props", None),
+    ("GET", "/health", None),
+    ("GET", "/v1/models", None),
+    ("GET", "/no-such-endpoint", None),
+])
+def test_other_endpoints_answer_the_same(server: LlamaServer, proxy: ProxyThread, method: str,
+                                         path: str, body: Any) -> None:
+    a = http(method, server.url + path, json=body)
+    b = http(method, proxy.url + path, json=body)
+    assert (a.status_code, a.content) == (b.status_code, b.content)
+    assert a.headers.get("content-type") == b.headers.get("content-type")
+    assert b.headers["x-request-id"]
+
+
+def test_slots_answer_the_same_shape(server: LlamaServer, proxy: ProxyThread) -> None:
+    a = http("GET", server.url + "/slots").json()
+    b = http("GET", proxy.url + "/slots").json()
+    assert [(s["id"], s["n_ctx"], s["is_processing"]) for s in a] == \
+           [(s["id"], s["n_ctx"], s["is_processing"]) for s in b]
+
+
+def stream_in_thread(url: str, body: dict[str, Any], sink: dict[str, Any]) -> threading.Thread:
+    def run() -> None:
+        sink["events"] = raw_events(url, "/v1/chat/completions", body)
+        sink["done"] = time.monotonic()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_queue_wait_covers_the_time_the_other_request_still_ran(
+        llama_server_binary: Path, tiny_model: Any, tmp_path: Path) -> None:
+    with LlamaServer(tiny_model.model, lora=None, args=["-np", "1", "-c", "4096"],
+                     binary=llama_server_binary, log_path=tmp_path / "np1.log") as one_slot:
+        proxy = start_proxy(one_slot.url, tmp_path)
+        try:
+            long_body = {"messages": MESSAGES, "stream": True, "max_tokens": 1500,
+                         "temperature": 0, "ignore_eos": True}
+            first: dict[str, Any] = {}
+            thread = stream_in_thread(proxy.url, long_body, first)
+            time.sleep(0.5)  # the first one is generating now
+            sent = time.monotonic()
+            second = raw_events(proxy.url, "/v1/chat/completions",
+                                {"messages": MESSAGES, "stream": True, "max_tokens": 8})
+            thread.join()
+        finally:
+            proxy.stop()
+    still_ran_ms = (first["done"] - sent) * 1000.0
+    assert second and still_ran_ms > 300
+    recs = {r["events"]: r for r in read_records(proxy)}
+    long_rec, short_rec = recs[max(recs)], recs[min(recs)]
+    assert short_rec["queue_ms"] >= still_ran_ms - 50  # the server held it until the slot freed
+    assert long_rec["queue_ms"] < 300
+    for rec in (long_rec, short_rec):
+        server_timings = rec["timings"]
+        assert rec["prompt_tokens"] == server_timings["prompt_n"] + server_timings["cache_n"]
+    assert long_rec["timings"]["predicted_n"] == 1500
+
+
+async def test_a_client_that_leaves_mid_stream_stops_the_generation(
+        server: LlamaServer, proxy: ProxyThread) -> None:
+    body = {"messages": MESSAGES, "stream": True, "max_tokens": 20000, "ignore_eos": True}
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(proxy.url + "/v1/chat/completions", json=body)
+        for _ in range(20):
+            await response.content.readline()
+        busy = (await (await session.get(server.url + "/slots")).json())
+        assert any(slot["is_processing"] for slot in busy)
+        response.close()  # the client goes away
+        left = time.monotonic()
+        while True:
+            slots = await (await session.get(server.url + "/slots")).json()
+            if not any(slot["is_processing"] for slot in slots):
+                break
+            assert time.monotonic() - left < 2.0, "the server still generates for nobody"
+            await _sleep(0.05)
+    for _ in range(100):
+        if read_records(proxy):
+            break
+        await _sleep(0.02)
+    (rec,) = read_records(proxy)
+    assert rec["outcome"] == "client_gone"
+    assert 0 < rec["events"] < 20000
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+    await asyncio.sleep(seconds)
