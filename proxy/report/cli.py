@@ -125,8 +125,11 @@ def _report(args: argparse.Namespace) -> int:
         sides = [(log.path, select(log.records, since, until), log)]
     else:
         sides = [_side(spec, log, since, until) for spec in args.compare]
-    reports = [timing_report(name, recs, src, th) for name, recs, src in sides]
-    names = [name for name, _r, _s in sides]
+    names = ["before", "after"] if len(sides) == 2 else [sides[0][0]]
+    titles = [
+        f"{n} = {spec}" if len(sides) == 2 else spec for n, (spec, _r, _s) in zip(names, sides, strict=True)
+    ]
+    reports = [timing_report(t, recs, src, th) for t, (_n, recs, src) in zip(titles, sides, strict=True)]
     _emit(reports, names, args.format)
     if args.timeline:
         for i, (name, recs, _src) in enumerate(sides):
