@@ -1,0 +1,174 @@
+"""Keeps the LoRA profile in step with the upstream: reads `GET /lora-adapters` at start (a config
+that does not fit a reachable server stops the start), re-reads it in the background so that a
+restarted server with other adapters is noticed, and checks a reloaded config before it applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.lora import (
+    LoraConfigError,
+    LoraListError,
+    LoraProfile,
+    ServerAdapter,
+    needs_server,
+    parse_server_adapters,
+)
+from proxy.state import STATE, ProxyState
+
+log = logging.getLogger("slotwise.lora")
+
+CHECK_INTERVAL_S = 5.0
+"""How often the adapter list is re-read while the upstream answers (a restart is noticed this fast)."""
+RETRY_INTERVAL_S = 1.0
+"""How often it is re-read while the upstream cannot be read."""
+FETCH_TIMEOUT_S = 10.0
+"""`GET /lora-adapters` waits for the server's current batch; longer than this counts as unreachable."""
+
+
+class Unreachable(Exception):
+    """The adapter list cannot be read now (down, loading, slow); worth retrying."""
+
+
+async def fetch_adapters(session: aiohttp.ClientSession, url: str,
+                         timeout_s: float = FETCH_TIMEOUT_S) -> tuple[ServerAdapter, ...]:
+    """The upstream's adapters; Unreachable if it cannot answer now, LoraListError if it answers
+    with something that is not an adapter list."""
+    where = f"GET {url}/lora-adapters"
+    try:
+        async with session.get(url + "/lora-adapters", headers={"Accept-Encoding": "identity"},
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            status, body = response.status, await response.read()
+    except TimeoutError as exc:
+        raise Unreachable(f"{where}: no answer within {timeout_s:g} s") from exc
+    except aiohttp.ClientError as exc:
+        raise Unreachable(f"{where}: {type(exc).__name__}: {exc}") from exc
+    if status == 503:
+        raise Unreachable(f"{where}: HTTP 503 (the server is still loading its model)")
+    if status != 200:
+        raise LoraListError(f"{where} answered HTTP {status}: {body[:200].decode(errors='replace')}")
+    try:
+        return parse_server_adapters(orjson.loads(body))
+    except (orjson.JSONDecodeError, LoraListError) as exc:
+        raise LoraListError(f"{where}: not an adapter list: {exc}") from exc
+
+
+def _not_a_list(config: Config, exc: LoraListError) -> LoraConfigError:
+    return LoraConfigError(f"lora.mode: {config.lora.mode!r} needs the upstream's adapter list, "
+                           f"but {exc} (valid: an upstream that is llama-server, or mode "
+                           "'passthrough')")
+
+
+async def refresh(state: ProxyState, profile: LoraProfile) -> bool:
+    """Re-read the adapter list; log what changed. False if it could not be read."""
+    url = state.upstream_url
+    try:
+        server = await fetch_adapters(state.session, url)
+    except (Unreachable, LoraListError) as exc:
+        if not profile.problem:
+            log.warning("cannot read the LoRA adapters of the upstream (will retry): %s", exc)
+        profile.unreadable(str(exc))
+        return False
+    if profile.update(url, server):
+        _log_profile(state.config, profile, url, server)
+    return True
+
+
+def _log_profile(config: Config, profile: LoraProfile, url: str,
+                 server: tuple[ServerAdapter, ...]) -> None:
+    loaded = ", ".join(a.describe() for a in server) or "none"
+    try:
+        array = profile.array(config.lora, url, server)
+    except LoraConfigError as exc:
+        log.error("the upstream's LoRA adapters changed (%s) and no longer fit the config; model "
+                  "requests are refused until that is fixed: %s", loaded, exc)
+        return
+    log.info("LoRA adapters on the upstream: %s; mode %s forwards lora=%s", loaded,
+             config.lora.mode, "as sent" if array is None else orjson.dumps(array).decode())
+
+
+async def watch(state: ProxyState, profile: LoraProfile, *, interval_s: float = CHECK_INTERVAL_S,
+                retry_s: float = RETRY_INTERVAL_S) -> None:
+    """Re-read the adapter list for as long as the proxy runs (only in modes that need it)."""
+    while True:
+        ok = await refresh(state, profile) if needs_server(state.config.lora) else True
+        await asyncio.sleep(interval_s if ok else retry_s)
+
+
+async def first_read(state: ProxyState, profile: LoraProfile) -> None:
+    """At start: a reachable upstream whose adapters do not fit the config stops the start with
+    LoraConfigError; an unreachable one is retried in the background."""
+    config = state.config
+    try:
+        server = await fetch_adapters(state.session, config.upstream.url)
+    except Unreachable as exc:
+        profile.unreadable(str(exc))
+        log.warning("lora.mode %r: cannot read the upstream's LoRA adapters yet (%s); model "
+                    "requests get HTTP 503 until they can be read", config.lora.mode, exc)
+        return
+    except LoraListError as exc:
+        raise _not_a_list(config, exc) from exc
+    profile.update(config.upstream.url, server)
+    profile.array(config.lora, config.upstream.url, server)
+    _log_profile(config, profile, config.upstream.url, server)
+
+
+async def check_reload(state: ProxyState, profile: LoraProfile, new: Config) -> None:
+    """Refuse a reloaded config whose adapters the upstream does not have (reload check)."""
+    if not needs_server(new.lora):
+        return
+    url = new.upstream.url
+    try:
+        server: tuple[ServerAdapter, ...] | None = await fetch_adapters(state.session, url)
+    except Unreachable:
+        server = profile.known(url)
+    except LoraListError as exc:
+        raise _not_a_list(new, exc) from exc
+    if server is None:
+        log.warning("reload: the upstream's LoRA adapters cannot be read now; the new [lora] "
+                    "config is checked when they can")
+        return
+    profile.array(new.lora, url, server)
+    profile.update(url, server)
+
+
+def install(app: web.Application, *, interval_s: float = CHECK_INTERVAL_S,
+            retry_s: float = RETRY_INTERVAL_S) -> None:
+    """The LoRA-profile feature: sets `state.forced_lora`, a reload check and the watcher."""
+    app.cleanup_ctx.append(partial(_lifecycle, interval_s=interval_s, retry_s=retry_s))
+
+
+async def _lifecycle(app: web.Application, *, interval_s: float,
+                     retry_s: float) -> AsyncIterator[None]:
+    state = app[STATE]
+    profile = LoraProfile()
+    state.forced_lora = lambda: profile.forced(state.config.lora, state.upstream_url)
+    check: Callable[[Config], Awaitable[None]] = partial(check_reload, state, profile)
+    state.reload_checks.append(check)
+    if needs_server(state.config.lora):
+        await first_read(state, profile)
+    task = asyncio.create_task(_watch_after(state, profile, interval_s, retry_s),
+                               name="slotwise-lora-watch")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _watch_after(state: ProxyState, profile: LoraProfile, interval_s: float,
+                       retry_s: float) -> None:
+    """The watcher, starting with a pause after a good first read, at once after a failed one."""
+    await asyncio.sleep(retry_s if profile.problem else interval_s)
+    await watch(state, profile, interval_s=interval_s, retry_s=retry_s)
