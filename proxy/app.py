@@ -4,17 +4,17 @@ a cleanup context; the catch-all route last, after slotwise's own pages.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
+from proxy import lifecycle, metrics, status
 from proxy.config import Config
 from proxy.handlers import handle
+from proxy.lora_watch import install as install_lora
 from proxy.state import STATE, ProxyState
 from proxy.timing_log import TimingLog
 
@@ -34,7 +34,7 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
 # Each feature installs itself on the application: its routes, and a cleanup context that runs
 # after the core one below (so `app[STATE]` exists). Order matters only for routes.
 Feature = Callable[[web.Application], None]
-FEATURES: tuple[Feature, ...] = ()
+FEATURES: tuple[Feature, ...] = (lifecycle.install, metrics.install, status.install, install_lora)
 
 
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> web.Application:
@@ -64,7 +64,8 @@ async def start(config: Config) -> tuple[web.AppRunner, str]:
     Handlers are cancelled when their client disconnects: that is what closes the upstream
     request at once, so llama-server stops working for nobody.
     """
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=config.listen.shutdown_grace_s)
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     try:
@@ -75,22 +76,17 @@ async def start(config: Config) -> tuple[web.AppRunner, str]:
     return runner, _bound_url(runner, config)
 
 
-async def serve(config: Config, *, ready: Callable[[str], None] | None = None) -> None:
-    """Run until SIGINT or SIGTERM."""
+async def serve(config: Config, *, ready: Callable[[str], None] | None = None,
+                config_path: str | None = None) -> None:
+    """Run until SIGINT or SIGTERM, then let the streams in flight finish (up to
+    `listen.shutdown_grace_s`); SIGHUP re-reads `config_path`."""
     runner, url = await start(config)
+    runner.app[lifecycle.OPS].config_path = config_path
     log.info("slotwise listening on %s, upstream %s, timing log %s",
              url, config.upstream.url, config.log.timing)
     if ready is not None:
         ready(url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        log.info("slotwise stopping")
-        await runner.cleanup()
+    await lifecycle.run_until_stopped(runner)
 
 
 def _bound_url(runner: web.AppRunner, config: Config) -> str:

@@ -1,14 +1,20 @@
-"""The proxy's own subcommands: `serve` and `check-config`."""
+"""The proxy's own subcommands: `serve`, `check-config` and `reload`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
+import time
+import urllib.request
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.pretty import Pretty
 
@@ -22,6 +28,12 @@ def register(subparsers: Any) -> None:
     check = subparsers.add_parser("check-config", help="validate a config file and print it")
     check.add_argument("path", metavar="PATH")
     check.set_defaults(handler=run_check_config)
+    reload = subparsers.add_parser(
+        "reload", help="make a running slotwise re-read its config file (sends it SIGHUP)")
+    reload.add_argument("--config", required=True, metavar="PATH",
+                        help="the config file; checked first, and its [listen] finds slotwise")
+    reload.add_argument("--url", help="slotwise's URL, if not the config's listen address")
+    reload.set_defaults(handler=run_reload)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -35,7 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from proxy.app import serve
 
     try:
-        _run(serve(config))
+        _run(serve(config, config_path=args.config))
     except OSError as exc:
         print(f"slotwise: cannot listen on {config.listen.host}:{config.listen.port}: "
               f"{exc.strerror}", file=sys.stderr)
@@ -53,6 +65,60 @@ def run_check_config(args: argparse.Namespace) -> int:
     console.print(f"[green]{args.path}: valid[/green]; the effective config:")
     console.print(Pretty(config_to_dict(config)))
     return 0
+
+
+def run_reload(args: argparse.Namespace) -> int:
+    """Check the file, signal the slotwise listening where it says, and report what it did."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"slotwise: config error: {exc}\nslotwise: nothing was reloaded", file=sys.stderr)
+        return 2
+    host = config.listen.host if config.listen.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = (args.url or f"http://{host}:{config.listen.port}").rstrip("/") + "/slotwise/status"
+    try:
+        before = _get_status(url)
+    except OSError as exc:
+        print(f"slotwise: no slotwise answers at {url}: {exc}", file=sys.stderr)
+        return 1
+    running = before.get("config_path")
+    if running and Path(running).resolve() != Path(args.config).resolve():
+        print(f"slotwise: note: the running slotwise re-reads {running}, not {args.config}",
+              file=sys.stderr)
+    try:
+        os.kill(int(before["pid"]), signal.SIGHUP)
+    except ProcessLookupError:
+        print(f"slotwise: pid {before['pid']} is not running on this machine", file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"slotwise: not allowed to signal pid {before['pid']} (run as its user or root, "
+              "or use `systemctl reload slotwise`)", file=sys.stderr)
+        return 1
+    return _await_reload(url, int(before.get("reloads", 0)))
+
+
+def _get_status(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        status: dict[str, Any] = orjson.loads(response.read())
+    return status
+
+
+def _await_reload(url: str, reloads_before: int, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = _get_status(url)
+        last = status.get("last_reload")
+        if int(status.get("reloads", 0)) > reloads_before and last:
+            if last["ok"]:
+                print(f"slotwise: reloaded: {last['message']}")
+                return 0
+            print(f"slotwise: reload refused, generation {last['config_gen']} stays in force: "
+                  f"{last['message']}", file=sys.stderr)
+            return 1
+    print(f"slotwise: no answer to the reload within {timeout_s:g} s; see slotwise's log",
+          file=sys.stderr)
+    return 1
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

@@ -47,7 +47,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         exchange.out.outcome = "client_gone"
         return exchange.response or web.Response(status=499)
     except asyncio.CancelledError:
-        exchange.out.outcome = "client_gone"
+        exchange.out.outcome = "shutdown" if state.stopping else "client_gone"
         raise
     except Exception as exc:
         log.exception("request %s failed inside slotwise", exchange.flight.id)

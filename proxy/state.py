@@ -39,6 +39,8 @@ class ProxyState:
     """Run on a new config before it takes effect; one that raises ConfigError refuses it."""
     record_observers: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Called with every finished timing record (metrics, the status page)."""
+    stopping: bool = False
+    """Set at SIGTERM: requests cut when the grace period ends are recorded as such."""
 
     async def apply_config(self, new: Config) -> None:
         """Make `new` the config for requests that arrive from now on (streams in flight keep

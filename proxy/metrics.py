@@ -1,0 +1,168 @@
+"""slotwise's own Prometheus metrics at GET /metrics, on a registry of its own per application.
+
+Histograms and counters are fed from the finished timing records (and the inter-token gaps from the
+finished request's clock); the in-flight gauges are read from the in-flight registry at scrape time.
+A scrape never reaches llama-server, whose own /metrics resets its rate gauges on every scrape.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+from proxy.endpoints import GENERATING
+from proxy.inflight import Flight, Phase
+from proxy.state import STATE, ProxyState
+
+MAX_PURPOSES = 16  # purposes come from a client header: past this many, the rest count as "other"
+LABELS = ("endpoint", "purpose")
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+GAP_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+RATE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+LIVE_PHASES = (Phase.ARRIVED, Phase.HELD, Phase.QUEUED, Phase.PREFILLING, Phase.DECODING,
+               Phase.WAITING)
+
+
+class Metrics:
+    """The application's collectors, and the two observers that feed them."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._purposes: set[str] = set()
+        reg = self.registry
+        self.queue_wait = Histogram(
+            "slotwise_server_queue_wait_seconds",
+            "Request sent upstream -> its prefill started (the wait in llama-server's queue)",
+            LABELS, buckets=WAIT_BUCKETS, registry=reg)
+        self.ttft = Histogram("slotwise_time_to_first_token_seconds",
+                              "Arrival at slotwise -> first token event", LABELS,
+                              buckets=WAIT_BUCKETS, registry=reg)
+        self.gap = Histogram("slotwise_inter_token_gap_seconds",
+                             "Gaps between consecutive token events of a stream", LABELS,
+                             buckets=GAP_BUCKETS, registry=reg)
+        self.decode_rate = Histogram("slotwise_decode_rate_tokens_per_second",
+                                     "Token events per second over each stream's decode", LABELS,
+                                     buckets=RATE_BUCKETS, registry=reg)
+        self.requests = Counter("slotwise_requests", "Finished requests by outcome",
+                                (*LABELS, "outcome"), registry=reg)
+        self.lora_rewrites = Counter("slotwise_lora_rewrites",
+                                     "Requests whose lora field slotwise rewrote", LABELS,
+                                     registry=reg)
+        self.held = Counter("slotwise_prompts_held", "Prompts the prefill policy held back",
+                            LABELS, registry=reg)
+        self.chunked = Counter("slotwise_prompts_chunked",
+                               "Prompts the prefill policy fed in pieces", LABELS, registry=reg)
+        reg.register(LiveCollector(state))
+
+    def labels(self, kind: str, purpose: str | None) -> tuple[str, str]:
+        if purpose is None:
+            return kind, "none"
+        if purpose not in self._purposes and len(self._purposes) >= MAX_PURPOSES:
+            return kind, "other"
+        self._purposes.add(purpose)
+        return kind, purpose
+
+    def observe_record(self, record: dict[str, Any]) -> None:
+        """Feed one finished timing record (a `ProxyState.record_observers` entry)."""
+        labels = self.labels(str(record.get("kind")), record.get("purpose"))
+        self.requests.labels(*labels, str(record.get("outcome"))).inc()
+        if record.get("lora_rewritten"):
+            self.lora_rewrites.labels(*labels).inc()
+        plan = record.get("prefill_plan")
+        if plan == "held":
+            self.held.labels(*labels).inc()
+        elif plan == "chunked":
+            self.chunked.labels(*labels).inc()
+        if record.get("kind") not in GENERATING:
+            return
+        wait = server_queue_wait_ms(record)
+        if wait is not None:
+            self.queue_wait.labels(*labels).observe(wait / 1000.0)
+        if isinstance(record.get("ttft_ms"), int | float):
+            self.ttft.labels(*labels).observe(record["ttft_ms"] / 1000.0)
+        rate = decode_rate(record)
+        if rate is not None:
+            self.decode_rate.labels(*labels).observe(rate)
+
+    def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        """Registry listener: when a stream ends, observe every gap between its token events."""
+        if new is not Phase.DONE or len(flight.timer.tokens) < 2:
+            return
+        gap = self.gap.labels(*self.labels(str(flight.kind), flight.purpose))
+        for a, b in itertools.pairwise(flight.timer.tokens):
+            gap.observe(b - a)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LiveCollector:
+    """Gauges read at scrape time: requests in flight by phase, the config generation."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterable[Metric]:
+        flights = GaugeMetricFamily("slotwise_requests_in_flight",
+                                    "Requests in flight now, by phase (held: by the prefill "
+                                    "policy; queued: sent, waiting in llama-server's queue)",
+                                    labels=["phase"])
+        counts = {phase: 0 for phase in LIVE_PHASES}
+        for flight in self.state.registry:
+            if flight.phase in counts:
+                counts[flight.phase] += 1
+        for phase, count in counts.items():
+            flights.add_metric([phase.value], count)
+        yield flights
+        yield GaugeMetricFamily("slotwise_config_generation",
+                                "The config generation new requests run under (+1 per reload)",
+                                value=self.state.config_gen)
+
+
+def server_queue_wait_ms(record: dict[str, Any]) -> float | None:
+    """Streams: request sent -> headers. Non-streamed: the derived wait minus slotwise's own time."""
+    if record.get("stream"):
+        value = record.get("queue_ms")
+        return float(value) if isinstance(value, int | float) else None
+    wait, proxy = record.get("prefill_wait_ms"), record.get("proxy_ms")
+    if isinstance(wait, int | float) and isinstance(proxy, int | float):
+        return max(float(wait) - float(proxy), 0.0)
+    return None
+
+
+def decode_rate(record: dict[str, Any]) -> float | None:
+    """Token events per second between the first and the last event."""
+    events, decode_ms = record.get("events"), record.get("decode_ms")
+    if not isinstance(events, int) or events < 2 or not isinstance(decode_ms, int | float):
+        return None
+    return (events - 1) / (decode_ms / 1000.0) if decode_ms > 0 else None
+
+
+METRICS = web.AppKey("slotwise_metrics", Metrics)
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+def install(app: web.Application) -> None:
+    """The feature: GET /metrics, and the observers that feed it."""
+
+    async def metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+        state = app[STATE]
+        metrics = Metrics(state)
+        app[METRICS] = metrics
+        state.record_observers.append(metrics.observe_record)
+        state.registry.subscribe(metrics.on_phase)
+        yield
+
+    app.cleanup_ctx.append(metrics_ctx)
+    app.router.add_get("/metrics", serve_metrics)
+
