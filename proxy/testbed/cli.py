@@ -5,8 +5,12 @@ traceback."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from proxy.testbed.binary import BinaryError, cache_root, find_llama_server
@@ -94,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
             args=args.server_args,
             log_path=args.log,
         )
-        with server:
+        with _sigterm_as_interrupt(), server:
             print(f"llama-server ready at {server.url} (log: {server.log_path}); Ctrl-C stops it")
             sys.stdout.flush()
             code = server.wait()
@@ -103,6 +107,20 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _fail(f"cannot write the model into {directory}: {exc}")
     return _fail(f"llama-server exited with code {code}; log: {server.log_path}")
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    # Dying on SIGTERM (a service manager, `kill`) would orphan llama-server; unwinding stops it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(message: str) -> int:
