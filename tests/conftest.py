@@ -4,8 +4,9 @@ factory that starts servers on 127.0.0.1 and stops every one of them when the te
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -13,7 +14,13 @@ from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer
 
-StartLlamaServer = Callable[..., LlamaServer]
+
+class StartLlamaServer(Protocol):
+    """The type of the `start_llama_server` fixture, for annotating tests."""
+
+    def __call__(
+        self, model: ModelFiles | Path | None = None, *, lora: bool | Path = True, args: Sequence[str] = ()
+    ) -> LlamaServer: ...
 
 
 @pytest.fixture(scope="session")
