@@ -34,7 +34,7 @@ class Metrics:
 
     def __init__(self, state: ProxyState) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._purposes: set[str] = set()
+        self.purposes = Purposes()
         reg = self.registry
         self.queue_wait = Histogram(
             "slotwise_server_queue_wait_seconds",
@@ -61,12 +61,7 @@ class Metrics:
         reg.register(LiveCollector(state))
 
     def labels(self, kind: str, purpose: str | None) -> tuple[str, str]:
-        if purpose is None:
-            return kind, "none"
-        if purpose not in self._purposes and len(self._purposes) >= MAX_PURPOSES:
-            return kind, "other"
-        self._purposes.add(purpose)
-        return kind, purpose
+        return kind, self.purposes.label(purpose)
 
     def observe_record(self, record: dict[str, Any]) -> None:
         """Feed one finished timing record (a `ProxyState.record_observers` entry)."""
@@ -100,6 +95,24 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class Purposes:
+    """Bounds the `purpose` label, which comes from a client header: the first few seen keep
+    their name, later ones count as "other"."""
+
+    def __init__(self, limit: int = MAX_PURPOSES) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def label(self, purpose: str | None) -> str:
+        if purpose is None:
+            return "none"
+        if purpose not in self.seen:
+            if len(self.seen) >= self.limit:
+                return "other"
+            self.seen.add(purpose)
+        return purpose
 
 
 class LiveCollector:

@@ -1,0 +1,153 @@
+"""slotwise's /metrics: Prometheus text that prometheus-client parses, histograms that count the
+requests, in-flight gauges by phase, and a scrape that never reaches the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import MAX_PURPOSES, Purposes, decode_rate, server_queue_wait_ms
+from proxy.runner import ProxyThread
+from tests.fake_upstream import make_app
+from tests.helpers import start_proxy
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[str, list[str]]]:
+    """The fake llama-server, and the paths it was asked for."""
+    seen: list[str] = []
+
+    @web.middleware
+    async def note(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(request.path)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = make_app()
+    app.middlewares.append(note)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), seen
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+def proxy(upstream: tuple[str, list[str]], tmp_path: Path) -> Iterator[ProxyThread]:
+    running = start_proxy(upstream[0], tmp_path)
+    yield running
+    running.stop()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted(labels.items()))
+
+
+async def chat(session: aiohttp.ClientSession, url: str, *, model: str = "fast", tokens: int = 5,
+               purpose: str = "chat", stream: bool = True) -> bytes:
+    body = {"model": model, "stream": stream, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hi"}]}
+    async with session.post(url + "/v1/chat/completions", json=body,
+                            headers={"X-Slotwise-Purpose": purpose}) as response:
+        return await response.read()
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return await response.text()
+
+
+async def test_histograms_and_counters_count_the_requests(proxy: ProxyThread,
+                                                          upstream: tuple[str, list[str]]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            await chat(session, proxy.url, model="slow", tokens=6)
+        await chat(session, proxy.url, purpose="title", stream=False)
+        await chat(session, proxy.url, model="reset", tokens=10)
+        text = await scrape(session, proxy.url)
+    got = samples(text)
+    chats = {"endpoint": "chat", "purpose": "chat"}
+    title = {"endpoint": "chat", "purpose": "title"}
+    assert got[key("slotwise_time_to_first_token_seconds_count", **chats)] == 4
+    assert got[key("slotwise_server_queue_wait_seconds_count", **chats)] == 4
+    assert got[key("slotwise_server_queue_wait_seconds_count", **title)] == 1
+    assert got[key("slotwise_decode_rate_tokens_per_second_count", **chats)] >= 3
+    # three streams of 6 token events and one cut after 5: 3 * 5 + 4 gaps
+    assert got[key("slotwise_inter_token_gap_seconds_count", **chats)] == 19
+    assert got[key("slotwise_inter_token_gap_seconds_bucket", **chats, le="0.02")] <= 4
+    assert got[key("slotwise_requests_total", **chats, outcome="done")] == 3
+    assert got[key("slotwise_requests_total", **chats, outcome="upstream_error")] == 1
+    assert got[key("slotwise_requests_total", **title, outcome="done")] == 1
+    assert got[key("slotwise_config_generation")] == 1
+    assert "/metrics" not in upstream[1]
+
+
+async def test_in_flight_gauge_shows_a_decoding_stream(proxy: ProxyThread) -> None:
+    async with aiohttp.ClientSession() as session:
+        stream = asyncio.create_task(chat(session, proxy.url, model="slow", tokens=40))
+        for _ in range(100):
+            got = samples(await scrape(session, proxy.url))
+            if got[key("slotwise_requests_in_flight", phase="decoding")] == 1:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the stream never showed as decoding")
+        await stream
+        got = samples(await scrape(session, proxy.url))
+    assert all(value == 0 for (name, _), value in got.items()
+               if name == "slotwise_requests_in_flight")
+
+
+async def test_two_proxies_in_one_process_keep_their_own_registries(
+        upstream: tuple[str, list[str]], tmp_path: Path) -> None:
+    first = start_proxy(upstream[0], tmp_path / "a")
+    second = start_proxy(upstream[0], tmp_path / "b")
+    try:
+        async with aiohttp.ClientSession() as session:
+            await chat(session, first.url)
+            text_a, text_b = await scrape(session, first.url), await scrape(session, second.url)
+    finally:
+        first.stop()
+        second.stop()
+    done = key("slotwise_requests_total", endpoint="chat", outcome="done", purpose="chat")
+    assert samples(text_a)[done] == 1
+    assert done not in samples(text_b)
+
+
+def test_server_queue_wait_for_streams_and_for_plain_answers() -> None:
+    assert server_queue_wait_ms({"stream": True, "queue_ms": 12.5}) == 12.5
+    assert server_queue_wait_ms({"stream": False, "prefill_wait_ms": 900.0,
+                                 "proxy_ms": 100.0}) == 800.0
+    assert server_queue_wait_ms({"stream": False, "prefill_wait_ms": None,
+                                 "proxy_ms": 1.0}) is None
+
+
+def test_decode_rate_counts_gaps_over_the_decode() -> None:
+    assert decode_rate({"events": 11, "decode_ms": 500.0}) == 20.0
+    assert decode_rate({"events": 1, "decode_ms": 0.0}) is None
+    assert decode_rate({"events": 5, "decode_ms": 0.0}) is None
+
+
+def test_purposes_past_the_cap_count_as_other() -> None:
+    purposes = Purposes()
+    names = [purposes.label(f"p{i}") for i in range(MAX_PURPOSES + 3)]
+    assert names[:MAX_PURPOSES] == [f"p{i}" for i in range(MAX_PURPOSES)]
+    assert names[MAX_PURPOSES:] == ["other"] * 3
+    assert purposes.label("p0") == "p0"
+    assert purposes.label(None) == "none"
