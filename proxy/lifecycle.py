@@ -111,10 +111,15 @@ async def run_until_stopped(runner: web.AppRunner) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the drain
+            loop.add_signal_handler(sig, lambda: log.warning(
+                "already stopping: %d requests still in flight", len(state.registry)))
     finally:
-        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await drain(runner)
+        try:
+            await drain(runner)
+        finally:
+            for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 async def drain(runner: web.AppRunner) -> None:
