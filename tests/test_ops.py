@@ -201,6 +201,8 @@ async def test_sigterm_lets_the_stream_finish_refuses_new_connections_and_exits_
     await started.wait()
     served.process.send_signal(signal.SIGTERM)
     await asyncio.to_thread(served.wait_for, "slotwise stopping: 1 requests in flight")
+    served.process.send_signal(signal.SIGTERM)  # impatience does not cut the stream
+    await asyncio.to_thread(served.wait_for, "already stopping: 1 requests still in flight")
     with pytest.raises(aiohttp.ClientConnectionError):
         await stream_chat(served.url, 1)
     body = await running
