@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
 
-from proxy.estimate import CacheModel, Estimate, NotEstimable, block_hashes, estimate
+from proxy.estimate import (
+    CacheModel,
+    Estimate,
+    EstimateError,
+    NotEstimable,
+    UpstreamTokenizer,
+    block_hashes,
+    estimate,
+)
 from proxy.estimate.prompt import (
     check_kind,
     completion_prompt,
@@ -191,3 +200,16 @@ class TestPromptShapes:
         assert ids_of([1, 2]) == [1, 2]
         with pytest.raises(Exception, match="token ids"):
             ids_of([1, "x"])
+
+
+async def test_unreachable_upstream_is_an_estimate_error() -> None:
+    async with aiohttp.ClientSession() as session:
+        await _unreachable(session)
+
+
+async def _unreachable(session: aiohttp.ClientSession) -> None:
+    upstream = UpstreamTokenizer(session, "http://127.0.0.1:9", timeout_s=2.0)
+    with pytest.raises(EstimateError, match="/apply-template failed"):
+        await upstream.tokenize_request("chat", {"messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(NotEstimable):
+        await upstream.tokenize_request("completion", {"prompt": ["a", "b"]})

@@ -1,0 +1,145 @@
+"""The estimate against a real llama-server: the tokenizers give exactly the prompt tokens the server
+computes for the same request, and the cache model's prediction matches the server's cache_n."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.estimate import (
+    CacheModel,
+    LocalTokenizer,
+    PromptTokenizer,
+    UpstreamTokenizer,
+    estimate,
+)
+from proxy.testbed.model import ModelFiles
+from tests.conftest import StartLlamaServer
+
+pytestmark = pytest.mark.real_server
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+
+CHATS: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "Hello there, how are you?"}]},
+    {"messages": [
+        {"role": "system", "content": "You are a pirate. Speak like one."},
+        {"role": "user", "content": "Tell me about the sea " * 40},
+        {"role": "assistant", "content": "Arr, the sea be wide."},
+        {"role": "user", "content": "And <|im_start|> special tokens, ünïcödé, 日本語 and emoji 🦜?"},
+    ]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"},
+                                               {"type": "text", "text": " of content"}]}],
+     "temperature": 0.5},
+]
+
+COMPLETIONS: list[Any] = [
+    "Once upon a time, <|im_start|>user in a land far away",
+    ["lead text ", 300, 301, " and more text"],
+    [17, 18, 19, 20],
+    {"prompt_string": "an object prompt"},
+]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        answer: dict[str, Any] = await resp.json()
+        return answer
+
+
+async def tokenizers(session: aiohttp.ClientSession, url: str,
+                     model: ModelFiles) -> list[PromptTokenizer]:
+    upstream = UpstreamTokenizer(session, url)
+    if not HAS_LLAMA_CPP:
+        return [upstream]
+    return [upstream, await LocalTokenizer.open(str(model.model), upstream)]
+
+
+@pytest.mark.parametrize("chat", range(len(CHATS)))
+async def test_chat_estimate_equals_server_prompt_tokens(
+        chat: int, start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
+        session: aiohttp.ClientSession) -> None:
+    server = start_llama_server(lora=False)
+    body = CHATS[chat]
+    found = [await t.tokenize_request("chat", body)
+             for t in await tokenizers(session, server.url, tiny_model)]
+    answer = await post(session, server.url + "/v1/chat/completions",
+                        {**body, "max_tokens": 1, "cache_prompt": False})
+    assert answer["usage"]["prompt_tokens"] == len(found[0])
+    timings = answer["timings"]
+    assert timings["prompt_n"] + timings["cache_n"] == len(found[0])
+    assert all(ids == found[0] for ids in found)
+
+
+@pytest.mark.parametrize("prompt", range(len(COMPLETIONS)))
+async def test_completion_estimate_equals_server_prompt_tokens(
+        prompt: int, start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
+        session: aiohttp.ClientSession) -> None:
+    server = start_llama_server(lora=False)
+    body = {"prompt": COMPLETIONS[prompt], "n_predict": 1, "cache_prompt": False}
+    found = [await t.tokenize_request("completion", body)
+             for t in await tokenizers(session, server.url, tiny_model)]
+    answer = await post(session, server.url + "/completion", body)
+    assert answer["tokens_evaluated"] == len(found[0])
+    assert all(ids == found[0] for ids in found)
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed (slotwise[gguf])")
+async def test_local_tokenizer_matches_server_tokenize_on_long_text(
+        start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
+        session: aiohttp.ClientSession) -> None:
+    server = start_llama_server(lora=False)
+    upstream = UpstreamTokenizer(session, server.url)
+    local = await LocalTokenizer.open(str(tiny_model.model), upstream)
+    text = "".join(f"line {i}: <|im_end|> the quick brown fox ü 🦊\n" for i in range(1500))
+    body = {"prompt": text}
+    assert await local.tokenize_request("completion", body) == await upstream.tokenize(text)
+
+
+async def test_cache_model_predicts_server_cache_n(
+        start_llama_server: StartLlamaServer, session: aiohttp.ClientSession) -> None:
+    server = start_llama_server(lora=False, args=["-np", "2"])
+    upstream = UpstreamTokenizer(session, server.url)
+    cache = CacheModel(n_slots=2, n_ctx=4096)
+    turn = [{"role": "user", "content": "Tell me a long story about a lighthouse. " * 30}]
+    for reply in ("The keeper woke early.", "Storms came in the night."):
+        body = {"messages": turn, "max_tokens": 1}
+        ids = await upstream.tokenize_request("chat", body)
+        est = estimate(ids, cache)
+        timings = (await post(session, server.url + "/v1/chat/completions", body))["timings"]
+        assert est.prompt_tokens == timings["prompt_n"] + timings["cache_n"]
+        # Block granularity: the model may know up to one block less than the server.
+        assert 0 <= timings["cache_n"] - est.cached_tokens < 64
+        cache.record(ids, timings["cache_n"])
+        turn = [*turn, {"role": "assistant", "content": reply},
+                {"role": "user", "content": "Go on."}]
+
+
+async def test_pieces_extend_the_cached_prefix(
+        start_llama_server: StartLlamaServer, session: aiohttp.ClientSession) -> None:
+    """The chunk plan's mechanics: id prefixes with n_predict 0 each find the previous one cached,
+    and the real chat request then finds the fed prefix cached, as the cache model predicts."""
+    server = start_llama_server(lora=False)
+    upstream = UpstreamTokenizer(session, server.url)
+    body = {"messages": [{"role": "user", "content": "a cold prompt " * 400}], "max_tokens": 1}
+    ids = await upstream.tokenize_request("chat", body)
+    cache = CacheModel(n_slots=4, n_ctx=8192)
+    for upto in (256, 512, 768):
+        piece = {"prompt": ids[:upto], "n_predict": 0, "response_fields": ["timings"]}
+        timings = (await post(session, server.url + "/completion", piece))["timings"]
+        assert timings["cache_n"] == cache.estimate_cached(ids[:upto])
+        cache.record(ids[:upto], timings["cache_n"])
+    timings = (await post(session, server.url + "/v1/chat/completions", body))["timings"]
+    assert timings["cache_n"] == estimate(ids, cache).cached_tokens == 768
+
