@@ -31,6 +31,7 @@ from proxy.prefill import (
     Reject,
     Tick,
 )
+from proxy.prefill.pieces import piece_body
 from proxy.prefill.sizing import PrefillRate, next_upto, pause_s, piece_tokens
 
 COLD = 2000
@@ -394,3 +395,16 @@ class TestEventsAndSnapshot:
     def test_bad_n_batch(self) -> None:
         with pytest.raises(ValueError, match="n_batch"):
             PrefillPolicy(PrefillConfig(), n_batch=0)
+
+
+class TestPieceBody:
+    def test_prefix_with_lora(self) -> None:
+        body = piece_body(list(range(10)), 4, lora=[{"id": 0, "scale": 0.0}])
+        assert body["prompt"] == [0, 1, 2, 3]
+        assert body["n_predict"] == 0 and body["stream"] is False
+        assert body["lora"] == [{"id": 0, "scale": 0.0}]
+        assert "lora" not in piece_body([1, 2], 2)
+
+    def test_bad_upto(self) -> None:
+        with pytest.raises(ValueError, match="upto_tokens"):
+            piece_body([1, 2], 3)
