@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,8 @@ def summary_table(results: dict[str, list[dict[str, Any]]]) -> Table:
     table.add_column("figure")
     for mode in results:
         table.add_column(f"prefill {mode}", justify="right")
-    rows = {
+    Figure = Callable[[list[dict[str, Any]]], float | None]
+    rows: dict[str, Figure] = {
         "streams' rate during the cold prompt (tok/s)": lambda rs: _min(
             rate_during_cold(r) for r in rs if r.get("client") in ("ann", "bob", "cho")),
         "streams' longest gap (ms)": lambda rs: _max(

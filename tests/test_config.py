@@ -47,7 +47,7 @@ def test_the_shipped_example_is_valid() -> None:
 def test_bad_toml_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[listen\nport = 1\n")
-    with pytest.raises(ConfigError, match="bad.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
         load_config(path)
 
 
