@@ -3,8 +3,11 @@ the tiny model (chat via the openai package, one stream event per token, a LoRA 
 
 from __future__ import annotations
 
+import os
 import re
 import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +217,22 @@ def test_failed_build_points_to_its_log_and_caches_nothing(
     with pytest.raises(BinaryError, match=r"cmake configure failed .*build\.log(.|\n)*no way"):
         binary.build_llama_server(target)
     assert not target.exists()
+
+
+def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[Path] = []
+
+    def fake_compile(source: Path, build: Path, log: object, log_path: Path) -> Path:
+        builds.append(build)
+        time.sleep(0.2)  # long enough for the other caller to queue on the lock
+        return _fake_executable(build / "bin" / "llama-server")
+
+    monkeypatch.setattr(binary, "_check_toolchain", lambda: None)
+    monkeypatch.setattr(binary, "_fetch_source", lambda work, log, log_path: tmp_path)
+    monkeypatch.setattr(binary, "_compile", fake_compile)
+    target = tmp_path / "cache" / "llama-server"
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: binary.build_llama_server(target), range(2)))
+    assert results == [target, target] and len(builds) == 1
+    assert os.access(target, os.X_OK)
+    assert not list(target.parent.glob(".build-*"))  # the work dir is gone
