@@ -74,6 +74,10 @@ def run_reload(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"slotwise: config error: {exc}\nslotwise: nothing was reloaded", file=sys.stderr)
         return 2
+    if config.listen.port == 0 and not args.url:
+        print("slotwise: listen.port is 0 (a port the system picks): give slotwise's URL "
+              "with --url", file=sys.stderr)
+        return 2
     host = config.listen.host if config.listen.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     url = (args.url or f"http://{host}:{config.listen.port}").rstrip("/") + "/slotwise/status"
     try:

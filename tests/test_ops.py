@@ -37,9 +37,17 @@ def write_config(path: Path, upstream: str, timing: Path, **tables: dict[str, An
     lines = []
     for name, values in sections.items():
         lines.append(f"[{name}]")
-        lines += [f"{key} = {orjson.dumps(value).decode()}" for key, value in values.items()]
+        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return orjson.dumps(value).decode()  # strings, numbers and booleans are spelled alike
 
 
 @dataclass

@@ -78,11 +78,12 @@ async def test_a_reload_switches_the_lora_mode_for_the_next_request_not_the_runn
     assert body.endswith(b"data: [DONE]\n\n")
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 30) == 0
-    first, second = records(timing)  # the short one ends first
-    assert (second["config_gen"], second["outcome"], second["events"]) == (1, "done", 1500)
-    assert second["lora_rewritten"] is False and second["lora_out"] is None
-    assert (first["config_gen"], first["outcome"]) == (2, "done")
-    assert first["lora_rewritten"] is True and first["lora_out"] == [{"id": 0, "scale": 0.0}]
+    # started first; the new request's `lora` differs, so it may wait for the stream to end
+    old, new = sorted(records(timing), key=lambda r: r["start"])
+    assert (old["config_gen"], old["outcome"], old["events"]) == (1, "done", 1500)
+    assert old["lora_rewritten"] is False and old["lora_out"] is None
+    assert (new["config_gen"], new["outcome"]) == (2, "done")
+    assert new["lora_rewritten"] is True and new["lora_out"] == [{"id": 0, "scale": 0.0}]
 
 
 async def test_refused_reloads_change_nothing_and_say_why(
@@ -97,18 +98,18 @@ async def test_refused_reloads_change_nothing_and_say_why(
     assert "generation 1 stays in force" in line
     assert "lora.mode: unknown mode 'sometimes' (valid: passthrough, fixed, none)" in line
     # `slotwise reload` checks the file first and sends nothing
-    cli = await asyncio.to_thread(reload_cli, config)
+    cli = await asyncio.to_thread(reload_cli, config, served.url)
     assert cli.returncode == 2 and "nothing was reloaded" in cli.stderr
     # an adapter this server does not have: valid TOML, refused by the LoRA check
     write_config(config, server.url, timing,
                  lora={"mode": "fixed", "adapters": [{"name": "nope.gguf"}]})
-    cli = await asyncio.to_thread(reload_cli, config)
+    cli = await asyncio.to_thread(reload_cli, config, served.url)
     assert cli.returncode == 1 and "reload refused, generation 1 stays" in cli.stderr
     assert "nope.gguf" in cli.stderr
     await chat(served.url, 3)
     # and a good one is taken
     write_config(config, server.url, timing, lora={"mode": "none"})
-    cli = await asyncio.to_thread(reload_cli, config)
+    cli = await asyncio.to_thread(reload_cli, config, served.url)
     assert cli.returncode == 0 and "generation 2 in force" in cli.stdout
     await chat(served.url, 3)
     served.process.send_signal(signal.SIGTERM)
@@ -116,9 +117,11 @@ async def test_refused_reloads_change_nothing_and_say_why(
     assert [r["config_gen"] for r in records(timing)] == [1, 2]
 
 
-def reload_cli(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SLOTWISE), "reload", "--config", str(config)], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+def reload_cli(config: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """`slotwise reload`; the config listens on port 0, so it is told the URL."""
+    return subprocess.run([str(SLOTWISE), "reload", "--config", str(config), "--url", url],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NO_COLOR": "1"})
 
 
 async def test_sigterm_during_a_stream_lets_it_finish_and_leaves_one_record_per_request(
