@@ -54,14 +54,16 @@ async def chat(url: str, content: str, tokens: int, who: str, purpose: str) -> N
         await response.read()
 
 
-async def wait_for_phases(url: str, wanted: set[str], timeout: float = 60.0) -> dict[str, Any]:
+async def wait_for_phases(url: str, wanted: set[tuple[str, str]],
+                          timeout: float = 60.0) -> dict[str, Any]:
+    """The status once every (client, phase) in `wanted` is seen at the same time."""
     async with aiohttp.ClientSession() as session:
         for _ in range(int(timeout / 0.1)):
             status = await get_status(session, url)
-            if wanted <= {f["phase"] for f in status["flights"]}:
+            if wanted <= {(f["client"], f["phase"]) for f in status["flights"]}:
                 return status
             await asyncio.sleep(0.1)
-    pytest.fail(f"phases {wanted} never seen together; last: {status['counts']}")
+    pytest.fail(f"{wanted} never seen together; last: {status['flights']}")
 
 
 async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyThread,
@@ -71,11 +73,13 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
     load = [asyncio.create_task(chat(proxy.url, "Tell me about ships.", 20, "eve", "warmup"))]
     await load[0]
     load = [asyncio.create_task(chat(proxy.url, "Tell me about the sea.", 6000, "ann", "roleplay"))]
-    await wait_for_phases(proxy.url, {"decoding"})
+    await wait_for_phases(proxy.url, {("ann", "decoding")})
     load.append(asyncio.create_task(chat(proxy.url, prompt, 50, "bob", "summary")))
+    await wait_for_phases(proxy.url, {("bob", "prefilling")})
     load += [asyncio.create_task(chat(proxy.url, f"Hello {i}", 30, f"c{i}", "roleplay"))
              for i in range(2)]
-    status = await wait_for_phases(proxy.url, {"decoding", "prefilling", "queued"})
+    status = await wait_for_phases(proxy.url, {("ann", "decoding"), ("bob", "prefilling"),
+                                               ("c0", "queued"), ("c1", "queued")})
     shot = tmp_path / "status.png"
     await asyncio.to_thread(browse, proxy.url + "/slotwise/", f"--screenshot={shot}",
                             "--window-size=1280,900")
@@ -88,7 +92,7 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
         shutil.copy(shot, Path(keep) / "status-under-load.png")
     assert shot.stat().st_size > 10_000
     (prefilling,) = [f for f in status["flights"] if f["phase"] == "prefilling"]
-    assert prefilling["client"] == "bob"
+    assert prefilling["prefill"]["new_tokens"] > 10000
     busy = [s["state"] for s in after["slots"]["slots"]]
     assert len(busy) == 2 and "idle" not in busy, after["slots"]
     assert after["recent"]["summary"]["requests"] >= 1
