@@ -6,7 +6,7 @@ the clear errors for a config that does not fit that server. No I/O here: see `p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.config import ConfigError, LoraAdapter, LoraConfig
@@ -37,6 +37,8 @@ class ServerAdapter:
     id: int
     path: str
     """The path the server was given (`--lora PATH`), as it reports it."""
+    scale: float = field(default=1.0, compare=False)
+    """The server's global scale: used by requests without an explicit `lora` (not compared)."""
 
     @property
     def file_name(self) -> str:
@@ -57,7 +59,9 @@ def parse_server_adapters(data: Any) -> tuple[ServerAdapter, ...]:
         if not ok:
             raise LoraListError(f"item {i} is not an object with an integer 'id' and a string "
                                 f"'path': {str(item)[:200]}")
-        adapters.append(ServerAdapter(id=item["id"], path=item["path"]))
+        scale = item.get("scale", 1.0)
+        scale = float(scale) if isinstance(scale, int | float) else 1.0
+        adapters.append(ServerAdapter(id=item["id"], path=item["path"], scale=scale))
     return tuple(sorted(adapters, key=lambda a: a.id))
 
 
@@ -86,6 +90,14 @@ def build_lora_array(config: LoraConfig, server: Sequence[ServerAdapter],
         return None
     scales = _configured_scales(config, server, where) if config.mode == "fixed" else {}
     return [{"id": a.id, "scale": scales.get(a.id, 0.0)} for a in server]
+
+
+def global_differs(array: LoraArray, server: Sequence[ServerAdapter]) -> bool:
+    """Whether the server's global scales differ from the profile. Requests that reach the model
+    without an explicit array (`/v1/messages` drops `lora`; clients that bypass slotwise) use the
+    global scales, so those must equal the profile too."""
+    wanted = {entry["id"]: entry["scale"] for entry in array}
+    return any(abs(a.scale - wanted.get(a.id, 0.0)) > 1e-4 for a in server)
 
 
 def _configured_scales(config: LoraConfig, server: Sequence[ServerAdapter],

@@ -1,6 +1,7 @@
 """Keeps the LoRA profile in step with the upstream: reads `GET /lora-adapters` at start (a config
 that does not fit a reachable server stops the start), re-reads it in the background so that a
-restarted server with other adapters is noticed, and checks a reloaded config before it applies.
+restarted server with other adapters is noticed, sets the server's global scales to the profile,
+and checks a reloaded config before it applies.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.lora import (
+    LoraArray,
     LoraConfigError,
     LoraListError,
     LoraProfile,
     ServerAdapter,
+    global_differs,
     needs_server,
     parse_server_adapters,
 )
@@ -63,6 +66,35 @@ async def fetch_adapters(session: aiohttp.ClientSession, url: str,
         raise LoraListError(f"{where}: not an adapter list: {exc}") from exc
 
 
+async def set_global_scales(session: aiohttp.ClientSession, url: str, array: LoraArray,
+                            timeout_s: float = FETCH_TIMEOUT_S) -> None:
+    """`POST /lora-adapters`: make the server's global scales the profile (logged, never raised)."""
+    try:
+        async with session.post(url + "/lora-adapters", json=array,
+                                headers={"Accept-Encoding": "identity"},
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            status, body = response.status, await response.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.warning("cannot set the upstream's global LoRA scales (will retry): %s: %s",
+                    type(exc).__name__, exc)
+        return
+    if status != 200:
+        log.warning("POST %s/lora-adapters answered HTTP %d: %s", url, status,
+                    body[:200].decode(errors="replace"))
+        return
+    log.info("set the upstream's global LoRA scales to the profile: %s", orjson.dumps(array).decode())
+
+
+async def _sync_global(state: ProxyState, profile: LoraProfile, url: str,
+                       server: tuple[ServerAdapter, ...]) -> None:
+    try:
+        array = profile.array(state.config.lora, url, server)
+    except LoraConfigError:
+        return
+    if array is not None and global_differs(array, server):
+        await set_global_scales(state.session, url, array)
+
+
 def _not_a_list(config: Config, exc: LoraListError) -> LoraConfigError:
     return LoraConfigError(f"lora.mode: {config.lora.mode!r} needs the upstream's adapter list, "
                            f"but {exc} (valid: an upstream that is llama-server, or mode "
@@ -81,6 +113,7 @@ async def refresh(state: ProxyState, profile: LoraProfile) -> bool:
         return False
     if profile.update(url, server):
         _log_profile(state.config, profile, url, server)
+    await _sync_global(state, profile, url, server)
     return True
 
 
@@ -121,6 +154,7 @@ async def first_read(state: ProxyState, profile: LoraProfile) -> None:
     profile.update(config.upstream.url, server)
     profile.array(config.lora, config.upstream.url, server)
     _log_profile(config, profile, config.upstream.url, server)
+    await _sync_global(state, profile, config.upstream.url, server)
 
 
 async def check_reload(state: ProxyState, profile: LoraProfile, new: Config) -> None:

@@ -15,6 +15,7 @@ from proxy.lora import (
     LoraProfile,
     ServerAdapter,
     build_lora_array,
+    global_differs,
     parse_server_adapters,
 )
 
@@ -173,3 +174,18 @@ def test_profile_follows_the_config_it_is_given() -> None:
                                                              {"id": 1, "scale": 0.0}]
     assert profile.forced(lora("fixed", {"id": 1}), URL) == [{"id": 0, "scale": 0.0},
                                                              {"id": 1, "scale": 1.0}]
+
+
+def test_the_server_global_scale_is_read_but_not_compared() -> None:
+    (adapter,) = parse_server_adapters([{"id": 0, "path": "a.gguf", "scale": 0.25}])
+    assert adapter.scale == 0.25
+    assert adapter == ServerAdapter(0, "a.gguf", scale=1.0)
+
+
+def test_global_scales_differ_unless_every_adapter_has_the_profile_scale() -> None:
+    array = [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.3}]
+    at = (ServerAdapter(0, "a", 0.0), ServerAdapter(1, "b", 0.30000001192092896))
+    assert not global_differs(array, at)
+    assert global_differs(array, (ServerAdapter(0, "a", 1.0), ServerAdapter(1, "b", 0.3)))
+    assert global_differs([{"id": 0, "scale": 0.0}], (ServerAdapter(0, "a", 0.0),
+                                                      ServerAdapter(1, "b", 1.0)))

@@ -32,10 +32,12 @@ class Fake:
         {"id": 1, "path": "/m/lang-de.gguf", "scale": 1.0}])
     status: int = 200
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    posted: list[Any] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/lora-adapters", self.lora_adapters)
+        app.router.add_post("/lora-adapters", self.set_scales)
         app.router.add_get("/health", self.health)
         app.router.add_post("/completion", self.completion)
         app.router.add_post("/v1/chat/completions", self.completion)
@@ -43,6 +45,13 @@ class Fake:
 
     async def lora_adapters(self, request: web.Request) -> web.Response:
         return web.json_response(self.adapters, status=self.status)
+
+    async def set_scales(self, request: web.Request) -> web.Response:
+        self.posted.append(await request.json())
+        scales = {entry["id"]: entry["scale"] for entry in self.posted[-1]}
+        for adapter in self.adapters:
+            adapter["scale"] = scales.get(adapter["id"], 0.0)
+        return web.json_response({"success": True})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -110,6 +119,27 @@ async def test_first_read_resolves_names_to_ids(fake: tuple[Fake, str], tmp_path
     await first_read(state, profile)
     assert profile.forced(state.config.lora, url) == [{"id": 0, "scale": 0.0},
                                                       {"id": 1, "scale": 0.5}]
+
+
+async def test_the_global_scales_are_set_to_the_profile_once(
+        fake: tuple[Fake, str], tmp_path: Path, session: aiohttp.ClientSession,
+        make_state: MakeState) -> None:
+    upstream, url = fake
+    state, profile = make_state(make_config(url, tmp_path, **FIXED_DE), session), LoraProfile()
+    await first_read(state, profile)
+    assert await refresh(state, profile)
+    assert upstream.posted == [[{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]]
+    upstream.adapters[1]["scale"] = 1.0  # somebody else changed them
+    assert await refresh(state, profile)
+    assert len(upstream.posted) == 2
+
+
+async def test_passthrough_leaves_the_global_scales_alone(
+        fake: tuple[Fake, str], tmp_path: Path, session: aiohttp.ClientSession,
+        make_state: MakeState) -> None:
+    upstream, url = fake
+    await first_read(make_state(make_config(url, tmp_path), session), LoraProfile())
+    assert upstream.posted == []
 
 
 async def test_first_read_stops_the_start_on_a_name_the_server_lacks(
