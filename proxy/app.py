@@ -15,6 +15,7 @@ from proxy import lifecycle, metrics, status
 from proxy.config import Config
 from proxy.handlers import handle
 from proxy.lora_watch import install as install_lora
+from proxy.prefill.feature import install as install_prefill
 from proxy.state import STATE, ProxyState
 from proxy.timing_log import TimingLog
 
@@ -34,7 +35,8 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
 # Each feature installs itself on the application: its routes, and a cleanup context that runs
 # after the core one below (so `app[STATE]` exists). Order matters only for routes.
 Feature = Callable[[web.Application], None]
-FEATURES: tuple[Feature, ...] = (lifecycle.install, metrics.install, status.install, install_lora)
+FEATURES: tuple[Feature, ...] = (lifecycle.install, metrics.install, status.install, install_lora,
+                                 install_prefill)
 
 
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> web.Application:

@@ -84,6 +84,8 @@ class PrefillConfig:
     """Cold requests that may wait for their turn; more get HTTP 503."""
     tokenizer_model: str = ""
     """GGUF file to tokenize with in process (needs slotwise[gguf]); empty: ask the upstream."""
+    n_batch: int = 2048
+    """chunk: the upstream's `-b` (llama-server does not report it); a piece never exceeds it."""
 
 
 @dataclass(frozen=True)
@@ -265,4 +267,6 @@ def _prefill(data: Mapping[str, Any]) -> PrefillConfig:
                             low=0, high=10_000, integer=True),
         tokenizer_model=_string(data, "tokenizer_model", "prefill.tokenizer_model",
                                 d.tokenizer_model),
+        n_batch=_number(data, "n_batch", "prefill.n_batch", d.n_batch, low=32, high=1 << 20,
+                        integer=True),
     )

@@ -181,6 +181,19 @@ class PrefillPolicy:
     def on_tick(self, now: float) -> list[Decision]:
         return self._advance(now)
 
+    def reconfigure(self, config: PrefillConfig, now: float) -> list[Decision]:
+        """A reload: the new config rules from now on. Held requests are never dropped: with
+        mode `off` every one of them is released at once; otherwise the plan goes on under it."""
+        self._cfg, self._n_batch = config, config.n_batch
+        if config.mode != "off":
+            return self._advance(now)
+        out: list[Decision] = []
+        if self._plan is not None:
+            out.extend(self._release(self._send(self._plan, "prefill.mode off (reload)")))
+        while self._line:
+            out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)"))
+        return out
+
     # ---- queries ---------------------------------------------------------------------------
 
     def next_wakeup(self) -> float | None:

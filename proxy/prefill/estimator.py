@@ -1,0 +1,95 @@
+"""The estimate the gate needs before a request goes upstream: its prompt ids and how many of them
+the server must compute. Chooses the tokenizer (in process when `prefill.tokenizer_model` is set,
+else the upstream) and owns the cache model, which each finished request corrects with `cache_n`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.config import ConfigError, PrefillConfig
+from proxy.estimate import (
+    CacheModel,
+    Estimate,
+    EstimateError,
+    LocalTokenizer,
+    PromptTokenizer,
+    UpstreamTokenizer,
+    estimate,
+)
+
+log = logging.getLogger("slotwise.prefill")
+
+DEFAULT_SLOTS, DEFAULT_CTX = 4, 32768
+"""Used for the cache model until the upstream's `/props` has been read."""
+
+
+class Estimator:
+    """Prompt ids and an `Estimate` per request body; `learn` after each request and piece."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: Callable[[], str]) -> None:
+        self._session = session
+        self._base_url = base_url
+        self._local: tuple[str, LocalTokenizer] | None = None
+        self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
+        self._props_read = False
+
+    def _upstream(self) -> UpstreamTokenizer:
+        return UpstreamTokenizer(self._session, self._base_url())
+
+    async def prepare(self, config: PrefillConfig) -> None:
+        """Load the in-process tokenizer `config` names (ConfigError if it cannot be loaded)."""
+        path = config.tokenizer_model
+        if not path or (self._local is not None and self._local[0] == path):
+            return
+        try:
+            self._local = (path, await LocalTokenizer.open(path, self._upstream()))
+        except EstimateError as exc:
+            raise ConfigError(f"prefill.tokenizer_model: {exc} (valid: the GGUF file the "
+                              "upstream serves, or \"\" to ask the upstream)") from exc
+
+    def tokenizer(self, config: PrefillConfig) -> PromptTokenizer:
+        if config.tokenizer_model and self._local and self._local[0] == config.tokenizer_model:
+            return self._local[1]
+        return self._upstream()
+
+    async def estimate(self, config: PrefillConfig, kind: str,
+                       body: Mapping[str, Any]) -> tuple[list[int], Estimate]:
+        """Raises EstimateError when the prompt cannot be known ahead (the caller fails open)."""
+        if not self._props_read:
+            await self.read_props()
+        ids = await self.tokenizer(config).tokenize_request(kind, body)
+        return ids, estimate(ids, self.cache)
+
+    def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
+        """The server processed `ids` and reported `cache_n`: update the cache model."""
+        self.cache.record(ids, cache_n)
+
+    async def read_props(self) -> None:
+        """Size the cache model from `/props` (slots, per-slot context); retried until it works."""
+        try:
+            async with self._session.get(self._base_url() + "/props",
+                                         timeout=aiohttp.ClientTimeout(total=5.0)) as response:
+                props = orjson.loads(await response.read()) if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            log.debug("cannot read /props yet: %s", exc)
+            return
+        self._props_read = True
+        slots, ctx = _slots_and_ctx(props)
+        if slots and ctx:
+            self.cache = CacheModel(slots, ctx)
+
+
+def _slots_and_ctx(props: Any) -> tuple[int | None, int | None]:
+    if not isinstance(props, dict):
+        return None, None
+    settings = props.get("default_generation_settings")
+    ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    slots = props.get("total_slots")
+    return (slots if isinstance(slots, int) and slots > 0 else None,
+            ctx if isinstance(ctx, int) and ctx > 0 else None)

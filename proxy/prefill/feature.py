@@ -1,0 +1,50 @@
+"""The prefill feature: builds the estimator, the piece feeder and the gate for a running proxy,
+makes the gate `state.gate`, subscribes it to the registry, and runs its tick loop.
+
+A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.prefill.estimator import Estimator
+from proxy.prefill.feeder import PieceFeeder
+from proxy.prefill.gate import PrefillGate
+from proxy.state import STATE
+
+GATE = web.AppKey("slotwise_prefill_gate", PrefillGate)
+
+
+def install(app: web.Application) -> None:
+    app.cleanup_ctx.append(_lifecycle)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    estimator = Estimator(state.session, lambda: state.upstream_url)
+    await estimator.prepare(state.config.prefill)
+
+    async def check(new: Config) -> None:
+        await estimator.prepare(new.prefill)
+
+    gate = PrefillGate(config=lambda: state.config.prefill, estimator=estimator,
+                       feeder=PieceFeeder(state.session, lambda: state.upstream_url),
+                       registry=state.registry, clock=state.clock)
+    app[GATE] = gate
+    state.gate = gate
+    state.registry.subscribe(gate.on_phase)
+    state.reload_checks.append(check)
+    task = asyncio.create_task(gate.run(), name="slotwise-prefill-tick")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await gate.close()

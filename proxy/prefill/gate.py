@@ -1,0 +1,245 @@
+"""The prefill gate: the one place where the policy's decisions become I/O.
+
+It estimates each request, tells the pure `PrefillPolicy` what happened (arrivals, phase changes
+from the registry, pieces, clients leaving, ticks) and applies what it answers: a future per held
+request, a task per piece in flight, a background loop that ticks at the policy's next wakeup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.admission import Admission
+from proxy.config import PrefillConfig
+from proxy.endpoints import GENERATING, Kind
+from proxy.errors import Rejected
+from proxy.estimate import Estimate, EstimateError
+from proxy.inflight import Flight, Phase, Registry
+from proxy.prefill.estimator import Estimator
+from proxy.prefill.events import (
+    Admit,
+    CancelPiece,
+    Decision,
+    FeedPiece,
+    Forward,
+    Reject,
+)
+from proxy.prefill.feeder import PieceError, PieceFeeder
+from proxy.prefill.policy import PrefillPolicy
+
+log = logging.getLogger("slotwise.prefill")
+
+CONFIG_POLL_S = 1.0
+"""How often the tick loop looks for a reloaded `[prefill]` (held requests see it this fast)."""
+QUIET_REASONS = ("not cold", "prefill.mode off")
+"""Admission reasons not worth a `policy_note` in the record (the usual case)."""
+
+Outcome = Admit | Forward | Reject
+
+
+@dataclass(eq=False)
+class _Request:
+    """A request the gate is deciding about, until it is sent or turned away."""
+
+    key: str
+    ids: list[int]
+    lora: Any
+    outcome: asyncio.Future[Outcome] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    held: bool = False
+    pieces: int = 0
+    piece: asyncio.Task[None] | None = None
+
+
+class PrefillGate:
+    """Implements `proxy.admission.Gate` with a `PrefillPolicy`."""
+
+    def __init__(self, *, config: Callable[[], PrefillConfig], estimator: Estimator,
+                 feeder: PieceFeeder, registry: Registry,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._cfg = config()
+        self._policy = PrefillPolicy(self._cfg, n_batch=self._cfg.n_batch)
+        self._estimator = estimator
+        self._feeder = feeder
+        self._registry = registry
+        self._clock = clock
+        self._seq = itertools.count(1)
+        self._keys: dict[Flight, str] = {}  # requests the policy knows, until they are DONE
+        self._ids: dict[str, list[int]] = {}  # their prompt ids, to correct the cache model
+        self._deciding: dict[str, _Request] = {}
+        self._wake = asyncio.Event()
+
+    @property
+    def policy(self) -> PrefillPolicy:
+        return self._policy
+
+    async def admit(self, flight: Flight, kind: Kind, body: dict[str, Any]) -> Admission:
+        if kind not in GENERATING:
+            return Admission()
+        cfg = self.current_config()
+        key = f"{flight.id}#{next(self._seq)}"
+        if cfg.mode == "off":  # no estimate: zero added latency; still tracked as generating
+            self._keys[flight] = key
+            self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
+            return Admission()
+        ids, est, note = await self._estimate(cfg, kind, body)
+        request = _Request(key=key, ids=ids, lora=body.get("lora"))
+        self._deciding[key] = request
+        self._keys[flight] = key
+        if ids:
+            self._ids[key] = ids
+        start = self._clock()
+        try:
+            self._apply(self._policy.on_arrival(key, est.new_tokens if ids else 0,
+                                                est.prompt_tokens if ids else 0, start))
+            outcome = await self._wait(request, flight, start)
+        finally:
+            self._deciding.pop(key, None)
+        return self._admission(request, outcome, est if ids else None, note, start)
+
+    async def _estimate(self, cfg: PrefillConfig, kind: Kind, body: Mapping[str, Any]
+                        ) -> tuple[list[int], Estimate, str | None]:
+        """Fail open: a request that cannot be estimated is admitted as not cold, with a note."""
+        try:
+            ids, est = await self._estimator.estimate(cfg, kind, body)
+        except EstimateError as exc:
+            return [], Estimate(0, 0), f"not estimated, forwarded as it came: {exc}"
+        return ids, est, None
+
+    async def _wait(self, request: _Request, flight: Flight, start: float) -> Outcome:
+        if request.outcome.done():
+            return request.outcome.result()
+        request.held = True
+        self._registry.move(flight, Phase.HELD, start)
+        try:
+            return await request.outcome
+        except asyncio.CancelledError:  # the client left: end its plan at once
+            if request.piece is not None:
+                request.piece.cancel()
+            self._apply(self._policy.on_client_left(request.key, self._clock()))
+            raise
+
+    def _admission(self, request: _Request, outcome: Outcome, est: Estimate | None,
+                   note: str | None, start: float) -> Admission:
+        if isinstance(outcome, Reject):
+            raise Rejected(f"slotwise is holding too many cold prompts: {outcome.reason}")
+        plan = "chunked" if request.pieces else "held" if request.held else "none"
+        reason = None if outcome.reason in QUIET_REASONS else outcome.reason
+        return Admission(
+            plan=plan, held_ms=round((self._clock() - start) * 1000.0, 1) if request.held else 0.0,
+            pieces=request.pieces,
+            est_prompt_tokens=est.prompt_tokens if est else None,
+            est_new_tokens=est.new_tokens if est else None,
+            note=note or reason)
+
+    # ---- events from the registry ------------------------------------------------------------
+
+    def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        """Registry listener: prefill started, first token, finished (with the server's figures)."""
+        key = self._keys.get(flight)
+        if key is None:
+            return
+        if new is Phase.PREFILLING:
+            self._apply(self._policy.on_prefill_started(key, now))
+        elif new is Phase.DECODING:
+            self._apply(self._policy.on_first_token(key, now))
+        elif new is Phase.DONE:
+            del self._keys[flight]
+            self._finished(key, flight, now)
+
+    def _finished(self, key: str, flight: Flight, now: float) -> None:
+        prompt_n, total = flight.new_tokens, flight.prompt_tokens
+        ids = self._ids.pop(key, None)
+        if ids and prompt_n is not None and total is not None:
+            self._estimator.learn(ids, total - prompt_n)
+        timer = flight.timer
+        prompt_ms = timer.ms(timer.prefill_started, timer.prefill_done)
+        self._apply(self._policy.on_finished(key, now, prompt_n, prompt_ms))
+
+    # ---- applying decisions --------------------------------------------------------------------
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            match decision:
+                case Admit() | Forward() | Reject():
+                    self._settle(decision)
+                case FeedPiece():
+                    self._start_piece(decision)
+                case CancelPiece():
+                    request = self._deciding.get(decision.req_id)
+                    if request is not None and request.piece is not None:
+                        request.piece.cancel()
+        self._wake.set()
+
+    def _settle(self, decision: Outcome) -> None:
+        request = self._deciding.get(decision.req_id)
+        if request is not None and not request.outcome.done():
+            request.outcome.set_result(decision)
+
+    def _start_piece(self, decision: FeedPiece) -> None:
+        request = self._deciding.get(decision.req_id)
+        if request is None:  # cannot happen: the policy feeds only requests it holds
+            log.error("the policy fed a piece of %s, which the gate does not hold", decision.req_id)
+            return
+        request.piece = asyncio.create_task(self._piece(request, decision.upto_tokens),
+                                            name=f"slotwise-piece-{request.key}")
+
+    async def _piece(self, request: _Request, upto: int) -> None:
+        try:
+            result = await self._feeder.feed(request.ids, upto, request.lora)
+        except PieceError as exc:
+            self._apply(self._policy.on_piece_failed(request.key, str(exc), self._clock()))
+            return
+        except Exception as exc:  # a bug must not leave the request held: fail open
+            log.exception("piece of %s failed inside slotwise", request.key)
+            self._apply(self._policy.on_piece_failed(
+                request.key, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
+            return
+        request.pieces += 1
+        self._estimator.learn(request.ids[:upto], result.cache_n)
+        self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.elapsed_ms,
+                                               self._clock()))
+
+    # ---- time and reloads ----------------------------------------------------------------------
+
+    def current_config(self) -> PrefillConfig:
+        """The `[prefill]` in force; a reloaded one is handed to the policy (held ones stay)."""
+        cfg = self._config()
+        if cfg != self._cfg:
+            self._cfg = cfg
+            self._apply(self._policy.reconfigure(cfg, self._clock()))
+        return cfg
+
+    def tick(self) -> None:
+        self._apply(self._policy.on_tick(self._clock()))
+
+    async def run(self) -> None:
+        """Tick at the policy's next wakeup; any decision applied wakes the loop to look again."""
+        while True:
+            self._wake.clear()
+            self.current_config()
+            wakeup = self._policy.next_wakeup()
+            delay = CONFIG_POLL_S if wakeup is None else min(CONFIG_POLL_S,
+                                                             wakeup - self._clock())
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            else:
+                await asyncio.sleep(0)  # never starve the handlers, even when overdue
+            if wakeup is not None and self._clock() >= wakeup:
+                self.tick()
+
+    async def close(self) -> None:
+        """Stop the pieces in flight (their connections close; the server cancels them)."""
+        tasks = [r.piece for r in self._deciding.values() if r.piece and not r.piece.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
