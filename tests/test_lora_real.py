@@ -1,0 +1,240 @@
+"""The LoRA profile against a real llama-server with the testbed adapter: in passthrough a request
+with other LoRA settings waits for the running stream to end; in fixed it starts at once and both
+decode together; and requests with and without `lora` reach the server with one identical array."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.config import Config, parse_config
+from proxy.lora import LoraConfigError
+from proxy.runner import ProxyThread
+from proxy.testbed.model import ModelFiles
+from proxy.testbed.server import LlamaServer
+from tests.conftest import StartLlamaServer
+
+pytestmark = pytest.mark.real_server
+
+LONG_TOKENS = 2500  # the running stream: seconds of decoding even on a fast, idle machine
+SHORT_TOKENS = 120
+
+
+@dataclass
+class Stream:
+    request_id: str = ""
+    sent: float = 0.0
+    events: list[float] = field(default_factory=list)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def lora_config(url: str, tmp_path: Path, name: str, lora: dict[str, Any]) -> Config:
+    return parse_config({"upstream": {"url": url}, "listen": {"port": 0},
+                         "log": {"timing": str(tmp_path / f"timing-{name}.jsonl")}, "lora": lora})
+
+
+@pytest.fixture
+def proxies() -> Iterator[list[ProxyThread]]:
+    started: list[ProxyThread] = []
+    yield started
+    for proxy in started:
+        proxy.stop()
+
+
+async def start_proxy(config: Config, proxies: list[ProxyThread]) -> ProxyThread:
+    proxy = await asyncio.to_thread(ProxyThread(config).__enter__)
+    proxies.append(proxy)
+    return proxy
+
+
+async def start_error(config: Config) -> LoraConfigError:
+    """The error that stops a proxy's start (cleaned up as `proxy.app.start` should on failure)."""
+    runner = web.AppRunner(create_app(config))
+    try:
+        with pytest.raises(LoraConfigError) as caught:
+            await runner.setup()
+    finally:
+        await runner.cleanup()
+    return caught.value
+
+
+def records_by_id(proxy: ProxyThread) -> dict[str, dict[str, Any]]:
+    lines = Path(proxy.config.log.timing).read_bytes().splitlines()
+    return {rec["id"]: rec for rec in map(orjson.loads, lines)}
+
+
+async def chat_stream(session: aiohttp.ClientSession, url: str, stream: Stream, *, text: str,
+                      tokens: int, scale: float) -> None:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": tokens,
+            "ignore_eos": True, "stream": True, "temperature": 0,
+            "lora": [{"id": 0, "scale": scale}]}
+    stream.sent = time.monotonic()
+    async with session.post(url + "/v1/chat/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        stream.request_id = response.headers["X-Request-Id"]
+        async for line in response.content:
+            if line.startswith(b"data: {") and b'"content"' in line:
+                stream.events.append(time.monotonic())
+                if len(stream.events) == 20:
+                    stream.started.set()
+
+
+@dataclass
+class Contest:
+    """A long stream at scale 1.0, and a short one at scale 0 sent while the long one decodes."""
+
+    long: Stream
+    short: Stream
+    records: dict[str, dict[str, Any]]
+
+    @property
+    def short_record(self) -> dict[str, Any]:
+        return self.records[self.short.request_id]
+
+    @property
+    def long_left_ms(self) -> float:
+        """How long the long stream still ran after the short one was sent."""
+        return (self.long.events[-1] - self.short.sent) * 1000
+
+    def long_events_during_short(self) -> int:
+        first, last = self.short.events[0], self.short.events[-1]
+        return sum(first <= t <= last for t in self.long.events)
+
+
+async def contest(proxy: ProxyThread) -> Contest:
+    long, short = Stream(), Stream()
+    async with aiohttp.ClientSession() as session:
+        long_task = asyncio.create_task(chat_stream(
+            session, proxy.url, long, text="Tell me a long story.", tokens=LONG_TOKENS, scale=1.0))
+        started = asyncio.create_task(long.started.wait())
+        await asyncio.wait([long_task, started], return_when=asyncio.FIRST_COMPLETED)
+        assert long.started.is_set(), "the long stream ended before it decoded 20 tokens"
+        await chat_stream(session, proxy.url, short, text="Say hi.", tokens=SHORT_TOKENS,
+                          scale=0.0)
+        await long_task
+    await asyncio.to_thread(proxy.stop)
+    return Contest(long, short, records_by_id(proxy))
+
+
+@pytest.fixture
+def two_slot_server(start_llama_server: StartLlamaServer) -> LlamaServer:
+    return start_llama_server(args=["-np", "2", "-c", "16384"])
+
+
+@pytest.mark.slow
+async def test_other_lora_waits_in_passthrough_and_batches_in_fixed(
+        two_slot_server: LlamaServer, tiny_model: ModelFiles, tmp_path: Path,
+        proxies: list[ProxyThread]) -> None:
+    url = two_slot_server.url
+    passthrough = await contest(await start_proxy(
+        lora_config(url, tmp_path, "passthrough", {"mode": "passthrough"}), proxies))
+    fixed = await contest(await start_proxy(lora_config(url, tmp_path, "fixed", {
+        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 1.0}]}), proxies))
+    figures = {name: (round(c.short_record["queue_ms"]), round(c.long_left_ms),
+                      c.long_events_during_short())
+               for name, c in (("passthrough", passthrough), ("fixed", fixed))}
+    print("queue_ms of the scale-0 request, ms the long stream still ran, long-stream events "
+          "while the short one decoded:", figures)
+
+    # passthrough: the scale-0 request waits in the server's queue until the long stream ends.
+    p = passthrough
+    assert p.long_left_ms > 500, "the long stream ended too soon for the test to mean anything"
+    assert p.short_record["queue_ms"] > 0.75 * p.long_left_ms
+    assert p.short.events[0] >= p.long.events[-1] - 0.05
+    assert p.short_record["lora_out"] == [{"id": 0, "scale": 0.0}]
+
+    # fixed: it starts at once and both streams decode at the same time.
+    f = fixed
+    assert f.short_record["queue_ms"] < 300
+    assert f.short.events[-1] < f.long.events[-1]
+    assert f.long_events_during_short() >= 10
+    assert f.short_record["lora_in"] == [{"id": 0, "scale": 0.0}]
+    assert f.short_record["lora_out"] == [{"id": 0, "scale": 1.0}]
+    assert f.short_record["lora_rewritten"] is True
+
+
+async def completion(session: aiohttp.ClientSession, url: str, prompt: str,
+                     lora: list[dict[str, Any]] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt, "n_predict": 4, "temperature": 0}
+    if lora is not None:
+        body["lora"] = lora
+    async with session.post(url + "/completion", json=body) as response:
+        assert response.status == 200, await response.text()
+        result: dict[str, Any] = await response.json()
+        return result
+
+
+async def anthropic_message(session: aiohttp.ClientSession, url: str) -> Any:
+    body = {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    async with session.post(url + "/v1/messages", json=body) as response:
+        assert response.status == 200, await response.text()
+    async with session.get(url + "/slots") as response:
+        (slot,) = await response.json()
+    return slot["params"]["lora"]
+
+
+async def slot_lora(session: aiohttp.ClientSession, server_url: str) -> Any:
+    async with session.get(server_url + "/slots") as response:
+        (slot,) = await response.json()
+    return slot["params"]["lora"]
+
+
+async def test_fixed_sends_one_identical_array_with_and_without_client_lora(
+        start_llama_server: StartLlamaServer, tiny_model: ModelFiles, tmp_path: Path,
+        proxies: list[ProxyThread]) -> None:
+    server = start_llama_server(args=["-np", "1"])
+    proxy = await start_proxy(lora_config(server.url, tmp_path, "fixed", {
+        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 0.5}]}), proxies)
+    prefix = "The quick brown fox jumps over the lazy dog. " * 20
+    async with aiohttp.ClientSession() as session:
+        first = await completion(session, proxy.url, prefix + "One", None)
+        first_lora = await slot_lora(session, server.url)
+        second = await completion(session, proxy.url, prefix + "Two", [{"id": 0, "scale": 1.0}])
+        second_lora = await slot_lora(session, server.url)
+        messages_lora = await anthropic_message(session, proxy.url)
+        async with session.get(server.url + "/lora-adapters") as response:
+            global_scales = [round(a["scale"], 4) for a in await response.json()]
+    print("slot params.lora:", first_lora, second_lora, "second cache_n:",
+          second["timings"]["cache_n"], "/v1/messages:", messages_lora, "global:", global_scales)
+    assert first_lora == second_lora == [{"id": 0, "scale": 0.5}]
+    # /v1/messages drops `lora` (this build): such a request runs on the global scales, which
+    # slotwise set to the same profile.
+    assert messages_lora in ([], first_lora)
+    assert global_scales == [0.5]
+    # The same adapters: the shared prefix is reused, not cleared for a LoRA change.
+    assert second["timings"]["cache_n"] >= 100
+    assert first["timings"]["prompt_n"] >= 100
+
+
+async def test_a_name_the_server_lacks_stops_the_start_with_what_it_has(
+        start_llama_server: StartLlamaServer, tiny_model: ModelFiles, tmp_path: Path) -> None:
+    server = start_llama_server()
+    config = lora_config(server.url, tmp_path, "bad", {
+        "mode": "fixed", "adapters": [{"name": "nope.gguf", "scale": 1.0}]})
+    assert str(await start_error(config)) == (
+        f"lora.adapters[0].name: 'nope.gguf' is not loaded in the llama-server at {server.url} "
+        f"(valid: it has id 0 {tiny_model.lora.name!r})")
+
+
+async def test_none_without_adapters_forwards_as_sent_and_fixed_is_refused(
+        start_llama_server: StartLlamaServer, tmp_path: Path, proxies: list[ProxyThread]) -> None:
+    server = start_llama_server(lora=False)
+    proxy = await start_proxy(lora_config(server.url, tmp_path, "none", {"mode": "none"}), proxies)
+    async with aiohttp.ClientSession() as session:
+        await completion(session, proxy.url, "Hello", None)
+    await asyncio.to_thread(proxy.stop)
+    (rec,) = records_by_id(proxy).values()
+    assert rec["lora_out"] is None and rec["lora_rewritten"] is False
+    error = await start_error(lora_config(server.url, tmp_path, "fixed", {
+        "mode": "fixed", "adapters": [{"id": 0}]}))
+    assert "'fixed' needs LoRA adapters loaded in llama-server" in str(error)
