@@ -33,19 +33,29 @@ KEEP_BODY_BYTES = 4 << 20  # a non-streamed answer larger than this is relayed b
 
 async def open_upstream(session: aiohttp.ClientSession, method: str, url: Any, *,
                         headers: Any, data: Any, read_timeout_s: float) -> aiohttp.ClientResponse:
-    """Send the request; return once the upstream's response headers are in."""
-    try:
-        return await session.request(method, url, headers=headers, data=data,
-                                     allow_redirects=False)
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamTimeout(f"no answer from the upstream within {read_timeout_s:g} s") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamUnavailable(f"cannot connect to the upstream "
-                                  f"{exc.host}:{exc.port}: {exc.os_error.strerror or exc}") from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-            aiohttp.ClientPayloadError) as exc:
-        raise UpstreamUnavailable(f"the upstream closed the connection before answering "
-                                  f"({type(exc).__name__})") from exc
+    """Send the request; return once the upstream's response headers are in.
+
+    A pooled connection the upstream has already closed fails before the request reaches it
+    (llama-server closes its end after a streamed response without saying so), so a request whose
+    body can be sent again is retried once on a new connection.
+    """
+    replayable = data is None or isinstance(data, bytes)
+    for attempt in (1, 2):
+        try:
+            return await session.request(method, url, headers=headers, data=data,
+                                         allow_redirects=False)
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout(f"no answer from the upstream within {read_timeout_s:g} s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnavailable(f"cannot connect to the upstream "
+                                      f"{exc.host}:{exc.port}: {exc.os_error.strerror or exc}") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                aiohttp.ClientPayloadError) as exc:
+            if attempt == 1 and replayable:
+                continue
+            raise UpstreamUnavailable(f"the upstream closed the connection before answering "
+                                      f"({type(exc).__name__})") from exc
+    raise AssertionError("unreachable")
 
 
 class Relay:
@@ -63,6 +73,7 @@ class Relay:
         self.clock = clock
         self.drop_progress = drop_progress
         self.complete = False
+        self.reusable = True  # llama-server closes its end after a stream: never pool that one
 
     async def _write(self, data: bytes) -> None:
         await self.client.write(data)
@@ -81,6 +92,7 @@ class Relay:
 
     async def stream(self) -> None:
         """Relay an SSE response event by event."""
+        self.reusable = False
         parser = SseParser()
         try:
             while chunk := await self._read():
@@ -178,7 +190,7 @@ class Relay:
     def close_upstream(self) -> None:
         """Close the upstream connection if the response did not finish: llama-server then
         cancels the task (a connection returned to the pool would keep it generating)."""
-        if not self.complete:
+        if not (self.complete and self.reusable):
             self.upstream.close()
 
 

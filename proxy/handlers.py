@@ -92,7 +92,13 @@ class Exchange:
         rewritten = rewrite_body(self.kind, body, forced_lora=self.state.forced_lora())
         out.lora_in, flight.lora_out = rewritten.lora_in, rewritten.lora_out
         out.lora_rewritten, out.progress_added = rewritten.lora_rewritten, rewritten.progress_added
-        admission = await self.state.gate.admit(flight, self.kind, rewritten.body)
+        try:
+            admission = await self.state.gate.admit(flight, self.kind, rewritten.body)
+        except asyncio.CancelledError:
+            if flight.phase is Phase.HELD:  # the record must say it left while held
+                out.prefill_plan = "held"
+                out.held_ms = flight.timer.ms(flight.timer.arrived, self.state.clock()) or 0.0
+            raise
         out.prefill_plan, out.held_ms, out.pieces = (admission.plan, admission.held_ms,
                                                      admission.pieces)
         out.est_prompt_tokens, out.policy_note = admission.est_prompt_tokens, admission.note
@@ -184,6 +190,10 @@ class Exchange:
         await response.write_eof()
         return response
 
+    def _close_upstream(self) -> None:
+        if self.relay is not None:
+            self.relay.close_upstream()
+
     def fail(self, exc: ProxyError) -> web.StreamResponse:
         """Answer with the proxy's own error, if the client has not had a response yet."""
         self.out.outcome, self.out.error = exc.outcome, exc.message
@@ -197,15 +207,21 @@ class Exchange:
                                      PROXY_ERROR_HEADER: exc.type})
 
     def finish(self) -> None:
-        """Close what is open and write the one record of this request."""
-        if self.relay is not None:
-            self.relay.close_upstream()
+        """Close what is open and write the one record of this request.
+
+        Nothing here may keep the record from being written: a failure in a step is logged and
+        the next steps still run.
+        """
         now = self.state.clock()
         self.flight.timer.on_end(now)
-        self.state.registry.finish(self.flight, now)
+        for step in (self._close_upstream, lambda: self.state.registry.finish(self.flight, now)):
+            try:
+                step()
+            except Exception:
+                log.exception("finishing request %s: %s failed", self.flight.id, step)
         try:
             record = build_record(self.flight, self.out)
-        except Exception:  # the record must never be lost: write what is certain
+        except Exception:  # write what is certain
             log.exception("building the record of %s failed", self.flight.id)
             record = {"id": self.flight.id, "outcome": "proxy_error",
                       "error": "slotwise could not build this record"}

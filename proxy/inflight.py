@@ -7,12 +7,15 @@ change. It is the one place that knows "who is generating now", and it is plain 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.endpoints import Kind
 from proxy.timing import RequestTimer
+
+log = logging.getLogger("slotwise.inflight")
 
 
 class Phase(enum.StrEnum):
@@ -94,7 +97,10 @@ class Registry:
 
     def _notify(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
         for listener in self._listeners:
-            listener(flight, old, new, now)
+            try:
+                listener(flight, old, new, now)
+            except Exception:  # one broken listener must not stop the others or the request
+                log.exception("a listener failed on %s: %s -> %s", flight.id, old, new)
 
     def generating(self) -> list[Flight]:
         """Requests that are (or may be) producing tokens now."""

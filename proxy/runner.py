@@ -49,7 +49,9 @@ class ProxyThread:
 
     def stop(self) -> None:
         if self._runner is not None:
-            self.call(self._runner.cleanup())
+            # Cleanup lets requests in flight finish, for up to the configured grace period.
+            grace = self.config.listen.shutdown_grace_s
+            self.call(self._runner.cleanup(), timeout=grace + 15.0)
             self._runner = None
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -17,17 +18,24 @@ from proxy.runner import ProxyThread
 def start_proxy(upstream_url: str, log_dir: Path, **tables: Any) -> ProxyThread:
     """A running proxy (stop it with `.stop()`); `tables` are extra config tables."""
     upstream = {"url": upstream_url, **tables.pop("upstream", {})}
-    listen = {"port": 0, **tables.pop("listen", {})}
+    # A short grace: a test that stops the proxy has no stream to wait for, unless it says so.
+    listen = {"port": 0, "shutdown_grace_s": 3, **tables.pop("listen", {})}
     log = {"timing": str(log_dir / "timing.jsonl"), **tables.pop("log", {})}
     config = parse_config({"upstream": upstream, "listen": listen, "log": log, **tables})
     return ProxyThread(config).__enter__()
 
 
-def read_records(proxy: ProxyThread) -> list[dict[str, Any]]:
+def read_records(proxy: ProxyThread, count: int | None = None, timeout: float = 10.0
+                 ) -> list[dict[str, Any]]:
+    """The proxy's records; with `count`, waits until that many are written (a record is written
+    just after the response's last byte, so a fast client can look before it is there)."""
     path = Path(proxy.config.log.timing)
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = path.read_bytes().splitlines() if path.exists() else []
+        if count is None or len(lines) >= count or time.monotonic() > deadline:
+            return [orjson.loads(line) for line in lines]
+        time.sleep(0.01)
 
 
 @dataclass

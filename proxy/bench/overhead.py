@@ -43,7 +43,9 @@ async def _ttft(session: aiohttp.ClientSession, url: str) -> float:
 
 
 async def measure_ttft(direct: str, proxy: str, pairs: int) -> tuple[list[float], list[float]]:
-    async with aiohttp.ClientSession() as session:
+    # A new connection per request on both paths: llama-server closes its end after a stream,
+    # so a pooled connection would fail at random on the direct path.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         for url in (direct, proxy, direct, proxy):  # warm caches and connections
             await _ttft(session, url)
         a, b = [], []
@@ -59,7 +61,7 @@ async def measure_rate(url: str, streams: int, tokens: int) -> tuple[float, int]
     """Events per wall second over `streams` concurrent long generations."""
     body = {"messages": PROMPT, "stream": True, "max_tokens": tokens, "ignore_eos": True,
             "temperature": 1.0}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         results: list[StreamResult] = await asyncio.gather(
             *(timed_stream(session, url, body) for _ in range(streams)))
     events = sum(len(r.tokens) for r in results)

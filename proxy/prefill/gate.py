@@ -96,6 +96,7 @@ class PrefillGate:
         self._keys[flight] = key
         if ids:
             self._ids[key] = ids
+            flight.est_new_tokens = est.new_tokens  # in the record even if the client leaves
         start = self._clock()
         try:
             self._apply(self._policy.on_arrival(key, est.new_tokens if ids else 0,
@@ -230,8 +231,11 @@ class PrefillGate:
             delay = CONFIG_POLL_S if wakeup is None else min(CONFIG_POLL_S,
                                                              wakeup - self._clock())
             if delay > 0:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # comes with a wake-up, and this loop would then never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
             else:
                 await asyncio.sleep(0)  # never starve the handlers, even when overdue
             if wakeup is not None and self._clock() >= wakeup:
