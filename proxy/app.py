@@ -68,9 +68,9 @@ async def start(config: Config) -> tuple[web.AppRunner, str]:
     """
     runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None,
                            shutdown_timeout=config.listen.shutdown_grace_s)
-    await runner.setup()
-    site = web.TCPSite(runner, config.listen.host, config.listen.port)
     try:
+        await runner.setup()  # runs every feature's start; one may refuse the config
+        site = web.TCPSite(runner, config.listen.host, config.listen.port)
         await site.start()
     except BaseException:
         await runner.cleanup()

@@ -48,6 +48,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         _run(serve(config, config_path=args.config))
+    except ConfigError as exc:  # found at start, e.g. an adapter the server does not have
+        print(f"slotwise: config error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"slotwise: cannot listen on {config.listen.host}:{config.listen.port}: "
               f"{exc.strerror}", file=sys.stderr)
