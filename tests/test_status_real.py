@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.runner import ProxyThread
 from proxy.testbed.server import LlamaServer
@@ -80,6 +81,7 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
              for i in range(2)]
     status = await wait_for_phases(proxy.url, {("ann", "decoding"), ("bob", "prefilling"),
                                                ("c0", "queued"), ("c1", "queued")})
+    gauges = await in_flight_gauges(proxy.url)
     shot = tmp_path / "status.png"
     await asyncio.to_thread(browse, proxy.url + "/slotwise/", f"--screenshot={shot}",
                             "--window-size=1280,900")
@@ -91,6 +93,7 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
     if keep:
         shutil.copy(shot, Path(keep) / "status-under-load.png")
     assert shot.stat().st_size > 10_000
+    assert sum(gauges.values()) == 4 and gauges["prefilling"] == 1, gauges
     (prefilling,) = [f for f in status["flights"] if f["phase"] == "prefilling"]
     assert prefilling["prefill"]["new_tokens"] > 10000
     busy = [s["state"] for s in after["slots"]["slots"]]
@@ -101,3 +104,10 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
 async def get_status_once(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
         return await get_status(session, url)
+
+
+async def in_flight_gauges(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        text = await response.text()
+    return {s.labels["phase"]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "slotwise_requests_in_flight"}
