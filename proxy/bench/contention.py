@@ -1,0 +1,185 @@
+"""`slotwise bench contention`: what a cold prompt does to everyone else, in one run on the testbed
+small model. Three streams generate; a cold prompt of several thousand tokens arrives; short turns
+arrive meanwhile. Paths: direct (default batch), direct with `-b 512`, slotwise `defer`, `chunk`.
+Baselines (streams alone, short turns without the cold prompt, the cold prompt alone) per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
+from proxy.testbed.model import write_model
+from proxy.testbed.server import LlamaServer
+
+WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
+         "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard")
+SERVER_ARGS = ("-np", "4", "-c", "32768")
+"""Four slots with their own KV each (explicit -np: no unified KV, no idle-slot clearing)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    stream_tokens: int = 1200
+    """Tokens each of the three streams generates (they must outlive the chunked cold prompt)."""
+    cold_words: int = 700
+    """Size of the cold history in words (the record shows its tokens)."""
+    lead_s: float = 1.5
+    """The streams run alone this long before the cold prompt arrives."""
+    shorts: int = 6
+    short_every_s: float = 0.8
+
+
+@dataclass
+class Run:
+    """What one path measured: the three streams, the short turns, the cold request."""
+
+    streams: list[StreamResult]
+    shorts: list[StreamResult]
+    cold: StreamResult | None
+    started: float
+    ended: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def window(self) -> tuple[float, float] | None:
+        """While the cold prompt was in the system: its arrival to its first token."""
+        if self.cold is None or not self.cold.tokens:
+            return None
+        return self.cold.sent, self.cold.tokens[0]
+
+
+def history(words: int, seed: int) -> list[dict[str, str]]:
+    """A long chat history, different for every seed (so it is cold on every path)."""
+    rng = random.Random(seed)
+    turns = [{"role": "system", "content": f"Session {seed}: {rng.random()}"}]
+    for i in range(max(2, words // 60)):
+        text = " ".join(rng.choice(WORDS) for _ in range(60))
+        turns.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    turns.append({"role": "user", "content": "So, where were we?"})
+    return turns
+
+
+def _chat(messages: list[dict[str, str]], tokens: int) -> dict[str, Any]:
+    return {"messages": messages, "stream": True, "max_tokens": tokens, "ignore_eos": True,
+            "temperature": 0.8}
+
+
+def _short(tag: str, i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{tag} {i}: thanks! One word, yes or no?"}]
+
+
+async def _later(delay: float, make: Callable[[], Awaitable[StreamResult]]) -> StreamResult:
+    await asyncio.sleep(delay)
+    return await make()
+
+
+async def play(url: str, sc: Scenario, tag: str, *, cold_seed: int | None,
+               with_streams: bool = True) -> Run:
+    """One scenario against `url`: the streams, the cold prompt (unless None), the short turns."""
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        def stream(body: dict[str, Any]) -> Callable[[], Awaitable[StreamResult]]:
+            return lambda: timed_stream(session, url, body)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        streams = [asyncio.create_task(_later(0.05 * i, stream(_chat(
+            [{"role": "user", "content": f"{tag} stream {i}: tell me a long story."}],
+            sc.stream_tokens)))) for i in range(3 if with_streams else 0)]
+        lead = sc.lead_s if with_streams else 0.0
+        cold = (asyncio.create_task(_later(lead, stream(_chat(history(sc.cold_words, cold_seed),
+                                                                    8))))
+                if cold_seed is not None else None)
+        shorts = [asyncio.create_task(_later(lead + 0.3 + i * sc.short_every_s,
+                                             stream(_chat(_short(tag, i), 4))))
+                  for i in range(sc.shorts if with_streams else 0)]
+        done_streams = list(await asyncio.gather(*streams))
+        done_shorts = list(await asyncio.gather(*shorts))
+        done_cold = await cold if cold is not None else None
+        return Run(done_streams, done_shorts, done_cold, started, loop.time())
+
+
+def stream_rate(result: StreamResult, lo: float | None = None,
+                hi: float | None = None) -> float | None:
+    """Token events per second within [lo, hi] clipped to the stream's own decode."""
+    if len(result.tokens) < 2:
+        return None
+    lo = max(lo if lo is not None else result.tokens[0], result.tokens[0])
+    hi = min(hi if hi is not None else result.tokens[-1], result.tokens[-1])
+    if hi - lo < 0.3:
+        return None
+    return sum(1 for t in result.tokens if lo < t <= hi) / (hi - lo)
+
+
+def max_gap(result: StreamResult) -> float | None:
+    gaps = [b - a for a, b in zip(result.tokens, result.tokens[1:], strict=False)]
+    return max(gaps) if gaps else None
+
+
+def pct(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * p // 100))
+    return ordered[int(rank) - 1]
+
+
+@dataclass
+class Baseline:
+    stream_rate: float
+    """Mean tokens/s of each of three streams generating together, no cold prompt."""
+    short_ttft: list[float]
+    cold_ttft: float
+    cold_prompt_tokens: int | None = None
+
+
+async def baseline(url: str, sc: Scenario, seed: int) -> Baseline:
+    calm = await play(url, sc, f"calm{seed}", cold_seed=None)
+    rates = [r for r in (stream_rate(s) for s in calm.streams) if r]
+    alone = await play(url, sc, f"alone{seed}", cold_seed=seed, with_streams=False)
+    assert alone.cold is not None and alone.cold.ttft is not None, "the cold prompt got no token"
+    return Baseline(stream_rate=statistics.mean(rates),
+                    short_ttft=[s.ttft for s in calm.shorts if s.ttft is not None],
+                    cold_ttft=alone.cold.ttft)
+
+
+async def through(url: str, work: Path, mode: str, sc: Scenario, seed: int,
+                  prefill: dict[str, Any]) -> Run:
+    with SlotwiseProcess(url, work / f"slotwise-{mode}",
+                         prefill={"mode": mode, **prefill}) as proxy:
+        run = await play(proxy.url, sc, mode, cold_seed=seed)
+    run.records = proxy.records()
+    return run
+
+
+def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
+            binary: Path | None = None, log: Callable[[str], None] = print
+            ) -> tuple[dict[str, Run], dict[str, Baseline]]:
+    """Every path in one run; returns the runs by path name and the baseline of each server."""
+    model = write_model(model_dir, "small", seed=0)
+    runs: dict[str, Run] = {}
+    bases: dict[str, Baseline] = {}
+    for name, extra in (("default", ()), ("b512", ("-b", "512"))):
+        with LlamaServer(model.model, args=[*SERVER_ARGS, *extra], binary=binary,
+                         log_path=work / f"llama-server-{name}.log") as server:
+            log(f"llama-server {' '.join([*SERVER_ARGS, *extra])}: baselines …")
+            bases[name] = asyncio.run(baseline(server.url, sc, seed=100 + len(bases)))
+            if name == "b512":
+                log("direct, -b 512 …")
+                runs["direct -b 512"] = asyncio.run(play(server.url, sc, "b512", cold_seed=4))
+                continue
+            log("direct, default batch …")
+            runs["direct"] = asyncio.run(play(server.url, sc, "direct", cold_seed=1))
+            for seed, mode in ((2, "defer"), (3, "chunk")):
+                log(f"slotwise {mode} …")
+                runs[f"slotwise {mode}"] = asyncio.run(
+                    through(server.url, work, mode, sc, seed, prefill))
+    return runs, bases

@@ -1,0 +1,148 @@
+"""`slotwise bench contention [--json]`: runs `proxy.bench.contention` and prints one table (one
+column per path), the baselines it was measured against, and the estimate against the server's
+own prompt counts. Only this module knows about terminals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from proxy.bench.contention import Baseline, Run, Scenario, max_gap, measure, pct, stream_rate
+from proxy.bench.harness import temp_dir
+
+PREFILL = {"cold_tokens": 1000}
+"""The slotwise runs use the shipped defaults except a cold threshold below the cold prompt."""
+
+
+def add_contention(commands: Any) -> None:
+    cmd = commands.add_parser(
+        "contention", help="a cold prompt among generating streams: direct, -b 512, defer, chunk")
+    cmd.add_argument("--stream-tokens", type=int, default=Scenario.stream_tokens,
+                     help=f"tokens per generating stream (default {Scenario.stream_tokens})")
+    cmd.add_argument("--cold-words", type=int, default=Scenario.cold_words,
+                     help=f"cold history size in words (default {Scenario.cold_words}, "
+                          "about 3,400 tokens)")
+    cmd.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    cmd.set_defaults(handler=run_contention)
+
+
+def figures(run: Run, base: Baseline) -> dict[str, Any]:
+    window = run.window()
+    lo, hi = window if window else (None, None)
+    rates = [r for r in (stream_rate(s, lo, hi) for s in run.streams) if r is not None]
+    rate = statistics.mean(rates) if rates and window else None
+    gaps = [g for g in (max_gap(s) for s in run.streams) if g is not None]
+    ttft = [s.ttft for s in run.shorts if s.ttft is not None]
+    p50, p90 = pct(ttft, 50), pct(ttft, 90)
+    b50, b90 = pct(base.short_ttft, 50), pct(base.short_ttft, 90)
+    cold = run.cold.ttft if run.cold else None
+    tokens = sum(len(s.tokens) for s in [*run.streams, *run.shorts])
+    tokens += len(run.cold.tokens) if run.cold else 0
+    return {
+        "stream_rate": rate, "stream_rate_alone": base.stream_rate,
+        "stream_rate_pct": 100.0 * rate / base.stream_rate if rate is not None else None,
+        "stream_max_gap_s": max(gaps) if gaps else None,
+        "short_ttft_p50_s": p50, "short_ttft_p90_s": p90,
+        "short_ttft_p50_x": p50 / b50 if p50 and b50 else None,
+        "short_ttft_p90_x": p90 / b90 if p90 and b90 else None,
+        "short_ttft_uncontended_p50_s": b50, "short_ttft_uncontended_p90_s": b90,
+        "cold_ttft_s": cold, "cold_ttft_alone_s": base.cold_ttft,
+        "cold_ttft_x": cold / base.cold_ttft if cold else None,
+        "tokens_per_s": tokens / (run.ended - run.started),
+        "estimates": estimates(run.records),
+    }
+
+
+def estimates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per slotwise record: the estimate beside the server's counts. For a chunked request the
+    server's prompt_n is only the rest after the pieces, so its total prompt is compared."""
+    out = []
+    for rec in records:
+        timings = rec.get("timings") or {}
+        prompt_n, cache_n = timings.get("prompt_n"), timings.get("cache_n")
+        if rec.get("est_new_tokens") is None or prompt_n is None:
+            continue
+        out.append({"purpose": rec.get("prefill_plan"), "est_prompt": rec.get("est_prompt_tokens"),
+                    "est_new": rec.get("est_new_tokens"), "prompt_n": prompt_n,
+                    "cache_n": cache_n, "pieces": rec.get("pieces"),
+                    "held_ms": rec.get("held_ms"), "note": rec.get("policy_note")})
+    return out
+
+
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("streams' rate during the cold prompt (tok/s)", "stream_rate", "{:.1f}"),
+    ("  as % of their rate alone", "stream_rate_pct", "{:.1f} %"),
+    ("streams' longest gap (s)", "stream_max_gap_s", "{:.2f}"),
+    ("short turns' TTFT p50 (s)", "short_ttft_p50_s", "{:.3f}"),
+    ("short turns' TTFT p90 (s)", "short_ttft_p90_s", "{:.3f}"),
+    ("  p90 as × uncontended", "short_ttft_p90_x", "{:.2f} ×"),
+    ("cold request's TTFT (s)", "cold_ttft_s", "{:.2f}"),
+    ("  as × alone", "cold_ttft_x", "{:.2f} ×"),
+    ("tokens generated per second, overall", "tokens_per_s", "{:.1f}"),
+)
+
+
+def _fmt(fmt: str, value: Any) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline]) -> Table:
+    table = Table(title="a cold prompt among three generating streams (testbed small model)")
+    table.add_column("figure")
+    for path in results:
+        table.add_column(path, justify="right")
+    for label, key, fmt in ROWS:
+        table.add_row(label, *(_fmt(fmt, fig.get(key)) for fig in results.values()))
+    for name, base in bases.items():
+        table.caption = (table.caption or "") + (
+            f"baseline {name}: streams alone {base.stream_rate:.1f} tok/s each, short TTFT "
+            f"p50/p90 {_fmt('{:.3f}', pct(base.short_ttft, 50))}/"
+            f"{_fmt('{:.3f}', pct(base.short_ttft, 90))} s, cold alone {base.cold_ttft:.2f} s\n")
+    return table
+
+
+def estimate_table(results: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title="estimate before forwarding vs the server's timings (slotwise records)")
+    for column in ("path", "plan", "est prompt", "est new", "prompt_n", "cache_n", "pieces",
+                   "held ms", "error of est new", "note"):
+        table.add_column(column, justify="left" if column in ("path", "plan", "note") else "right")
+    for path, fig in results.items():
+        for e in fig["estimates"]:
+            table.add_row(path, str(e["purpose"]), *(_fmt("{:,}", e[k]) for k in (
+                "est_prompt", "est_new", "prompt_n", "cache_n", "pieces")),
+                _fmt("{:,.0f}", e["held_ms"]), _fmt("{:+.1f} %", est_error(e)),
+                str(e["note"] or ""))
+    return table
+
+
+def est_error(e: dict[str, Any]) -> float | None:
+    """Relative error of the new-token estimate; for a chunked request, of the prompt total."""
+    if e["pieces"]:
+        actual, est = e["prompt_n"] + (e["cache_n"] or 0), e["est_prompt"]
+    else:
+        actual, est = e["prompt_n"], e["est_new"]
+    return 100.0 * (est - actual) / actual if actual else None
+
+
+def run_contention(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    work = temp_dir("slotwise-contention-")
+    sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words)
+    runs, bases = measure(work / "model", work, sc, PREFILL,
+                          log=lambda line: console.print(f"[dim]{line}[/dim]"))
+    results = {path: figures(run, bases["b512" if "512" in path else "default"])
+               for path, run in runs.items()}
+    out = Console()
+    out.print(render(results, bases))
+    out.print(estimate_table(results))
+    console.print(f"[dim]logs and timing records in {work}[/dim]")
+    if args.json:
+        print(orjson.dumps({"results": results, "baselines": {
+            k: v.__dict__ for k, v in bases.items()}}, option=orjson.OPT_INDENT_2).decode())
+    return 0

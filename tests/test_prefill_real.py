@@ -1,0 +1,170 @@
+"""The prefill gate in front of a real llama-server (tiny model): a chunked prompt finds itself
+cached, a cold prompt with nobody generating is not delayed, a held request whose client leaves
+never reaches the server, and a failed piece fails open."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.prefill.feeder import PieceFeeder
+from proxy.prefill.gate import PrefillGate
+from proxy.testbed.server import LlamaServer
+from tests.helpers import http as call
+from tests.helpers import read_records, start_proxy
+
+pytestmark = pytest.mark.real_server
+
+WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter")
+
+
+def history(words: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    return [{"role": "system", "content": f"seed {seed}"}, {"role": "user", "content": text}]
+
+
+def cold_body(seed: int, words: int = 700) -> dict[str, Any]:
+    return {"messages": history(words, seed), "max_tokens": 2, "stream": False}
+
+
+@pytest.fixture(scope="module")
+def server(llama_server_binary: Path, tiny_model: Any, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[LlamaServer]:
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    with LlamaServer(tiny_model.model, lora=None, args=["-np", "3", "-c", "24576"],
+                     binary=llama_server_binary, log_path=log) as running:
+        yield running
+
+
+class Stream:
+    """A long streamed generation through the proxy, in a thread, ended by `close()` (which
+    shuts the socket down, so the proxy sees the client leave at once)."""
+
+    def __init__(self, url: str, tokens: int = 20000) -> None:
+        body = {"messages": [{"role": "user", "content": "Tell a story."}], "stream": True,
+                "max_tokens": tokens, "ignore_eos": True}
+        parts = urlsplit(url)
+        self.conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+        self.conn.request("POST", "/v1/chat/completions", body=orjson.dumps(body),
+                          headers={"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        self.events = 0
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        while self.events < 3:
+            time.sleep(0.01)
+
+    def _read(self) -> None:
+        try:
+            while self.response.read1(4096):
+                self.events += 1
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            return  # closed by close()
+
+    def close(self) -> None:
+        if self.conn.sock is not None:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+        self.conn.close()
+
+
+def prefill(mode: str, **over: Any) -> dict[str, Any]:
+    return {"prefill": {"mode": mode, "cold_tokens": 1000, **over}}
+
+
+def test_chunked_prompt_finds_itself_cached(server: LlamaServer, tmp_path: Path) -> None:
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=40.0,
+                                                         prefill_share=0.8))
+    try:
+        stream = Stream(proxy.url)
+        try:
+            reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(1))
+        finally:
+            stream.close()
+        assert reply.status_code == 200
+    finally:
+        proxy.stop()
+    cold = next(r for r in read_records(proxy) if not r["stream"])
+    timings = cold["timings"]
+    total = timings["prompt_n"] + timings["cache_n"]
+    assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
+    assert cold["est_prompt_tokens"] == total
+    assert timings["cache_n"] / total >= 0.9, timings
+
+
+def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
+                                                           tmp_path: Path) -> None:
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk"))
+    try:
+        assert call("POST", proxy.url + "/v1/chat/completions", cold_body(2)).status_code == 200
+    finally:
+        proxy.stop()
+    (rec,) = read_records(proxy)
+    assert rec["prefill_plan"] == "none" and rec["held_ms"] == 0.0 and rec["pieces"] == 0
+    assert rec["est_new_tokens"] >= 1000 and rec["policy_note"] == "cold, nobody generating"
+    # the server may find a few template tokens cached in some slot; the estimate says 0
+    assert abs(rec["est_new_tokens"] - rec["timings"]["prompt_n"]) <= 0.05 * rec["est_new_tokens"]
+
+
+def _tasks(log: Path) -> int:
+    return log.read_text(errors="replace").count("processing task")
+
+
+def test_held_request_whose_client_leaves_never_reaches_the_server(server: LlamaServer,
+                                                                     tmp_path: Path) -> None:
+    proxy = start_proxy(server.url, tmp_path, **prefill("defer", max_hold_s=60.0))
+    try:
+        stream = Stream(proxy.url)
+        before = _tasks(server.log_path)
+
+        async def leave() -> None:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(TimeoutError):
+                    await session.post(proxy.url + "/v1/chat/completions", json=cold_body(3),
+                                       timeout=aiohttp.ClientTimeout(total=1.0))
+
+        asyncio.run(leave())
+        time.sleep(0.5)
+        stream.close()
+        time.sleep(0.3)
+        assert _tasks(server.log_path) == before  # the cold request never became a task
+    finally:
+        proxy.stop()
+    cold = next(r for r in read_records(proxy) if not r["stream"])
+    assert cold["est_new_tokens"] >= 1000
+    assert cold["outcome"] == "client_gone" and cold["prefill_plan"] == "held", cold
+    assert cold["held_ms"] >= 500
+
+
+def test_failed_piece_fails_open(server: LlamaServer, tmp_path: Path) -> None:
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=40.0))
+    gate = proxy.state.gate
+    assert isinstance(gate, PrefillGate)
+    # Pieces go to a port nobody listens on; the real request still goes to the server.
+    gate._feeder = PieceFeeder(proxy.state.session, lambda: "http://127.0.0.1:9")
+    try:
+        stream = Stream(proxy.url)
+        try:
+            reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(4))
+        finally:
+            stream.close()
+        assert reply.status_code == 200 and reply.json()["choices"]
+    finally:
+        proxy.stop()
+    cold = next(r for r in read_records(proxy) if not r["stream"])
+    assert cold["outcome"] == "done" and cold["pieces"] == 0
+    assert cold["policy_note"].startswith("piece failed, forwarded as it came"), cold
+    assert cold["timings"]["prompt_n"] >= 0.95 * cold["est_new_tokens"]  # computed in one go
