@@ -5,9 +5,10 @@ that every sampled token is printable ASCII (one stream event per token, no earl
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import gguf
 import numpy as np
@@ -45,10 +46,12 @@ class Preset:
     ff: int
 
 
-PRESETS = {
-    "tiny": Preset(embd=256, layers=4, heads=4, ff=768),
-    "small": Preset(embd=768, layers=8, heads=12, ff=2048),
-}
+PRESETS: Mapping[str, Preset] = MappingProxyType(
+    {
+        "tiny": Preset(embd=256, layers=4, heads=4, ff=768),
+        "small": Preset(embd=768, layers=8, heads=12, ff=2048),
+    }
+)
 
 
 @dataclass(frozen=True)
