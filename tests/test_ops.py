@@ -26,12 +26,14 @@ from tests.fake_upstream import make_app
 from tests.helpers import read_records, start_proxy
 
 SLOTWISE = Path(sys.executable).parent / "slotwise"
+GRACE_S = 5  # listen.shutdown_grace_s of every proxy here: a reload may not change it
 
 
 def write_config(path: Path, upstream: str, timing: Path, **tables: dict[str, Any]) -> Path:
-    """A TOML config file: [upstream] url, [listen] port 0, [log] timing, plus `tables`."""
-    sections: dict[str, dict[str, Any]] = {"upstream": {"url": upstream}, "listen": {"port": 0},
-                                           "log": {"timing": str(timing)}}
+    """A TOML config file: [upstream] url, [listen] port 0 and grace, [log] timing, + `tables`."""
+    sections: dict[str, dict[str, Any]] = {
+        "upstream": {"url": upstream}, "listen": {"port": 0, "shutdown_grace_s": GRACE_S},
+        "log": {"timing": str(timing)}}
     for name, values in tables.items():
         sections[name] = {**sections.get(name, {}), **values}
     lines = []
@@ -140,7 +142,8 @@ async def stream_chat(url: str, tokens: int, started: asyncio.Event | None = Non
 
 @pytest.fixture
 def proxy(fake_url: str, tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(fake_url, tmp_path, prefill={"max_hold_s": 30})
+    running = start_proxy(fake_url, tmp_path, prefill={"max_hold_s": 30},
+                          listen={"shutdown_grace_s": GRACE_S})
     yield running
     running.stop()
 
