@@ -1,7 +1,7 @@
 """analyze-log on a real llama-server log: a long prefill overlapping a generation.
 
 Stream A (short prompt, long generation) decodes alone until the server logs its first `n_gen`
-line; then request B brings a cold prompt sized (from a warm-up) to take about 10 s to prefill.
+line; then request B brings a cold prompt sized (from a warm-up) to take about 6 s to prefill.
 B's prompt rides along A's decode steps, so A's tg_3s collapses. Sizes adapt to the machine's
 speed, because the 2 cores are shared.
 """
@@ -23,7 +23,7 @@ from proxy.report import task_tables
 from proxy.report.serverlog import UNRECOGNISED, parse_server_log
 from proxy.report.tasks import rebuild_tasks
 
-PREFILL_TARGET_S = 10.0
+PREFILL_TARGET_S = 6.0  # the server logs progress lines only after 3 s of prefill
 
 
 def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
