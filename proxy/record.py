@@ -1,4 +1,4 @@
-"""The timing record: one JSON object per request, assembled when it ends (fields: docs/timing-record.md).
+"""The timing record: one JSON object per request, assembled when it ends (fields: README.md).
 
 Pure: it reads a finished `Flight` and what the handler learned, and returns plain data. It never
 sees prompt or generated text.
