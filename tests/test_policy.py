@@ -397,6 +397,29 @@ class TestEventsAndSnapshot:
             PrefillPolicy(PrefillConfig(), n_batch=0)
 
 
+class TestRule13Reload:
+    def test_mode_off_releases_the_active_and_the_waiting(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c1", 5000, 5000, 0.0)
+        p.on_arrival("c2", 5000, 5000, 0.0)
+        off = dataclasses.replace(PrefillConfig(mode="off"), cold_tokens=COLD)
+        out = p.reconfigure(off, 1.0)
+        assert kinds(out) == ["Admit", "Admit"]
+        assert {d.req_id for d in out} == {"c1", "c2"}
+        assert p.snapshot().held == ()
+        assert kinds(p.on_arrival("c3", 5000, 5000, 1.0)) == ["Admit"]
+
+    def test_other_changes_keep_the_plan(self) -> None:
+        p = policy("defer")
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        shorter = dataclasses.replace(PrefillConfig(mode="defer"), cold_tokens=COLD, max_hold_s=5.0)
+        assert p.reconfigure(shorter, 1.0) == []
+        assert p.on_tick(5.0) == []  # a held request keeps the deadline it arrived with
+        assert kinds(p.on_tick(30.0)) == ["Admit"]
+
+
 class TestPieceBody:
     def test_prefix_with_lora(self) -> None:
         body = piece_body(list(range(10)), 4, lora=[{"id": 0, "scale": 0.0}])

@@ -138,7 +138,7 @@ def run_contention(args: argparse.Namespace) -> int:
                           log=lambda line: console.print(f"[dim]{line}[/dim]"))
     results = {path: figures(run, bases["b512" if "512" in path else "default"])
                for path, run in runs.items()}
-    out = Console()
+    out = Console(width=max(Console().width, 120))
     out.print(render(results, bases))
     out.print(estimate_table(results))
     console.print(f"[dim]logs and timing records in {work}[/dim]")

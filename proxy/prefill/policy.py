@@ -84,6 +84,8 @@ class PrefillPolicy:
         the reason.
     12. When an active plan ends, the next waiting cold request becomes active and rules 3, 5, 6
         apply to it; the request just released counts as generating.
+    13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
+        `off` the active one and every waiting one are released at once.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,

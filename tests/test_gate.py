@@ -1,0 +1,250 @@
+"""The prefill gate applying the policy's decisions: a fake estimator, a fake piece feeder, the real
+registry and a plain-number clock; the event loop is real, the upstream is not."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from proxy.config import PrefillConfig
+from proxy.endpoints import Kind
+from proxy.errors import Rejected
+from proxy.estimate import Estimate, EstimateError
+from proxy.inflight import Flight, Phase, Registry
+from proxy.prefill.feeder import PieceError, PieceResult
+from proxy.prefill.gate import PrefillGate
+from proxy.timing import RequestTimer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeEstimator:
+    """`body["n"]` prompt ids, all new; `body["fail"]` raises EstimateError."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.learned: list[tuple[int, int | None]] = []
+
+    async def estimate(self, cfg: PrefillConfig, kind: str, body: Mapping[str, Any]
+                       ) -> tuple[list[int], Estimate]:
+        self.calls += 1
+        if body.get("fail"):
+            raise EstimateError("no tokenizer today")
+        ids = list(range(body["n"]))
+        return ids, Estimate(len(ids), len(ids))
+
+    def learn(self, ids: list[int], cache_n: int | None) -> None:
+        self.learned.append((len(ids), cache_n))
+
+
+class FakeFeeder:
+    """Each piece waits for the test to finish it (`done`/`fail`), so in-flight states can be seen."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, Any]] = []
+        self.pending: list[asyncio.Future[PieceResult]] = []
+        self.cancelled = 0
+
+    async def feed(self, ids: list[int], upto: int, lora: Any) -> PieceResult:
+        self.pieces.append((upto, lora))
+        future: asyncio.Future[PieceResult] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    def done(self, tokens: int, cache_n: int = 0, ms: float = 100.0) -> None:
+        self.pending.pop(0).set_result(PieceResult(tokens, cache_n, ms))
+
+    def fail(self) -> None:
+        self.pending.pop(0).set_exception(PieceError("HTTP 500: boom"))
+
+
+@dataclasses.dataclass
+class Rig:
+    gate: PrefillGate
+    registry: Registry
+    clock: Clock
+    estimator: FakeEstimator
+    feeder: FakeFeeder
+    config: list[PrefillConfig]
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return make_rig("chunk")
+
+
+def make_rig(mode: str, **over: Any) -> Rig:
+    config = [PrefillConfig(mode=mode, cold_tokens=1000, max_stall_ms=256.0, prefill_share=0.5,
+                            max_waiting=1, max_hold_s=30.0, **over)]
+    registry, clock = Registry(), Clock()
+    estimator, feeder = FakeEstimator(), FakeFeeder()
+    gate = PrefillGate(config=lambda: config[0], estimator=estimator,  # type: ignore[arg-type]
+                       feeder=feeder, registry=registry, clock=clock)  # type: ignore[arg-type]
+    registry.subscribe(gate.on_phase)
+    return Rig(gate, registry, clock, estimator, feeder, config)
+
+
+def flight(rig: Rig, name: str) -> Flight:
+    f = Flight(id=name, kind=Kind.CHAT, stream=True, timer=RequestTimer(arrived=rig.clock.now))
+    rig.registry.add(f, rig.clock.now)
+    return f
+
+
+async def generating(rig: Rig, name: str = "s") -> Flight:
+    f = flight(rig, name)
+    await rig.gate.admit(f, Kind.CHAT, {"n": 50})
+    rig.registry.move(f, Phase.PREFILLING, rig.clock.now)
+    rig.registry.move(f, Phase.DECODING, rig.clock.now)
+    return f
+
+
+def finish(rig: Rig, f: Flight, prompt_n: int = 50, cache_n: int = 0) -> None:
+    f.new_tokens, f.prompt_tokens = prompt_n, prompt_n + cache_n
+    rig.registry.finish(f, rig.clock.now)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_mode_off_does_not_estimate_but_tracks() -> None:
+    rig = make_rig("off")
+    f = flight(rig, "a")
+    admission = await rig.gate.admit(f, Kind.CHAT, {"n": 5000})
+    assert admission.plan == "none" and admission.est_new_tokens is None
+    assert rig.estimator.calls == 0
+    assert [k for k, _ in rig.gate.policy.snapshot().in_flight] == ["a#1"]
+    finish(rig, f)
+    assert rig.gate.policy.snapshot().in_flight == ()
+
+
+async def test_other_kinds_pass_untouched(rig: Rig) -> None:
+    admission = await rig.gate.admit(flight(rig, "e"), Kind.EMBEDDINGS, {"n": 5000})
+    assert admission.plan == "none" and rig.estimator.calls == 0
+
+
+async def test_short_request_admitted_at_once_with_its_estimate(rig: Rig) -> None:
+    admission = await rig.gate.admit(flight(rig, "a"), Kind.CHAT, {"n": 300})
+    assert (admission.plan, admission.held_ms, admission.note) == ("none", 0.0, None)
+    assert (admission.est_prompt_tokens, admission.est_new_tokens) == (300, 300)
+
+
+async def test_estimate_error_fails_open_with_a_note(rig: Rig) -> None:
+    await generating(rig)
+    admission = await rig.gate.admit(flight(rig, "a"), Kind.CHAT, {"fail": True})
+    assert admission.plan == "none" and admission.est_new_tokens is None
+    assert admission.note and admission.note.startswith("not estimated")
+
+
+async def test_cold_with_nobody_generating_is_admitted(rig: Rig) -> None:
+    admission = await rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000})
+    assert admission.plan == "none" and admission.note == "cold, nobody generating"
+
+
+async def test_defer_holds_until_the_others_finish() -> None:
+    rig = make_rig("defer")
+    s = await generating(rig)
+    c = flight(rig, "c")
+    task = asyncio.create_task(rig.gate.admit(c, Kind.CHAT, {"n": 3000}))
+    await settle()
+    assert not task.done() and c.phase is Phase.HELD
+    rig.clock.now = 2.0
+    finish(rig, s, prompt_n=50, cache_n=10)
+    admission = await task
+    assert (admission.plan, admission.held_ms) == ("held", 2000.0)
+    assert admission.note == "held until others finished"
+    assert (50, 10) in rig.estimator.learned  # the cache model heard the server's cache_n
+
+
+async def test_defer_releases_at_max_hold_on_tick() -> None:
+    rig = make_rig("defer")
+    await generating(rig)
+    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    await settle()
+    rig.clock.now = 31.0
+    rig.gate.tick()
+    assert (await task).note == "held prefill.max_hold_s"
+
+
+async def test_chunk_feeds_pieces_then_forwards(rig: Rig) -> None:
+    s = await generating(rig)
+    c = flight(rig, "c")
+    task = asyncio.create_task(rig.gate.admit(c, Kind.CHAT, {"n": 3000, "lora": [{"id": 0}]}))
+    await settle()
+    assert rig.feeder.pieces == [(128, [{"id": 0}])]  # 500 tok/s x 256 ms, rounded to 64
+    rig.clock.now = 0.1
+    rig.feeder.done(128, ms=100.0)
+    await settle()
+    assert rig.feeder.pieces[1:] == []  # the pause after a piece
+    rig.clock.now = 0.3
+    rig.gate.tick()
+    await settle()
+    assert len(rig.feeder.pieces) == 2
+    finish(rig, s)  # nobody generating: the piece in flight ends, then the request goes
+    await settle()
+    assert not task.done()
+    rig.feeder.done(256)
+    admission = await task
+    assert (admission.plan, admission.pieces) == ("chunked", 2)
+    assert admission.note and admission.note.startswith("nobody generating after 2 pieces")
+
+
+async def test_client_leaving_while_chunked_cancels_its_piece(rig: Rig) -> None:
+    await generating(rig)
+    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()
+    assert rig.feeder.cancelled == 1
+    snap = rig.gate.policy.snapshot()
+    assert snap.held == () and snap.chunking is None
+
+
+async def test_failed_piece_forwards_as_it_came(rig: Rig) -> None:
+    await generating(rig)
+    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    await settle()
+    rig.feeder.fail()
+    admission = await task
+    assert admission.note == "piece failed, forwarded as it came: HTTP 500: boom"
+    assert admission.pieces == 0
+
+
+async def test_too_many_waiting_are_rejected(rig: Rig) -> None:
+    await generating(rig)
+    first = asyncio.create_task(rig.gate.admit(flight(rig, "c1"), Kind.CHAT, {"n": 3000}))
+    second = asyncio.create_task(rig.gate.admit(flight(rig, "c2"), Kind.CHAT, {"n": 3000}))
+    await settle()
+    with pytest.raises(Rejected):
+        await rig.gate.admit(flight(rig, "c3"), Kind.CHAT, {"n": 3000})
+    for task in (first, second):
+        task.cancel()
+    await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def test_reload_to_off_releases_the_held(rig: Rig) -> None:
+    await generating(rig)
+    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    await settle()
+    rig.config[0] = dataclasses.replace(rig.config[0], mode="off")
+    rig.gate.current_config()
+    rig.feeder.done(128)
+    admission = await task
+    assert admission.note == "cold, prefill.mode off (reload)"
