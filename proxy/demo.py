@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,10 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.harness import SlotwiseProcess, temp_dir
+from proxy.bench.harness import SlotwiseProcess, StreamResult, temp_dir
+
+Felt = tuple[str, StreamResult]
+"""One user's turn as the user saw it."""
 
 WORDS = (
     "river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
@@ -28,8 +33,9 @@ def register(subparsers: Any) -> None:
     demo = subparsers.add_parser("demo", help="watch slotwise keep replies flowing (testbed)")
     demo.add_argument("--preset", choices=("tiny", "small"), default="small",
                       help="testbed model (default: small, where the stall is plain to see)")
-    demo.add_argument("--cold-words", type=int, default=1800,
-                      help="size of the returning user's history, in words (default 1800)")
+    demo.add_argument("--cold-words", type=int, default=700,
+                      help="size of the returning user's history, in words (default 700, "
+                           "about 3,400 tokens)")
     demo.add_argument("--modes", default="off,chunk",
                       help="prefill modes to compare, comma-separated (default off,chunk)")
     demo.set_defaults(handler=run_demo)
@@ -47,35 +53,41 @@ def history(words: int, seed: int) -> list[dict[str, str]]:
 
 
 async def chat(session: aiohttp.ClientSession, url: str, user: str, purpose: str,
-               messages: list[dict[str, str]], tokens: int, delay: float) -> None:
+               messages: list[dict[str, str]], tokens: int, delay: float) -> Felt:
+    """One user's turn; returns what that user felt (when it was sent, when each token came)."""
     await asyncio.sleep(delay)
     body = {"messages": messages, "stream": True, "max_tokens": tokens, "ignore_eos": True}
     headers = {"X-Slotwise-Client": user, "X-Slotwise-Purpose": purpose}
+    result = StreamResult(sent=time.monotonic())
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        async for _ in resp.content.iter_any():
-            pass
+        async for line in resp.content:
+            if line.startswith(b"data: {") and b'"content":"' in line:
+                result.tokens.append(time.monotonic())
+    return user, result
 
 
-async def play(url: str, cold_words: int) -> None:
+async def play(url: str, cold_words: int) -> list[Felt]:
     """Three users chatting, one coming back with a long history, two short turns meanwhile."""
     hello = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
     quick = [{"role": "user", "content": "Thanks! One word: yes or no?"}]
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(
-            chat(session, url, "ann", "chat", hello, 500, 0.0),
-            chat(session, url, "bob", "chat", hello, 500, 0.1),
-            chat(session, url, "cho", "chat", hello, 500, 0.2),
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return list(await asyncio.gather(
+            chat(session, url, "ann", "chat", hello, 700, 0.0),
+            chat(session, url, "bob", "chat", hello, 700, 0.1),
+            chat(session, url, "cho", "chat", hello, 700, 0.2),
             chat(session, url, "dan", "first-turn", history(cold_words, 7), 40, 0.8),
             chat(session, url, "eve", "chat", quick, 20, 1.2),
             chat(session, url, "eve", "chat", quick, 20, 2.2),
-        )
+        ))
 
 
-def run_once(server_url: str, work: Path, mode: str, cold_words: int) -> list[dict[str, Any]]:
+def run_once(server_url: str, work: Path, mode: str, cold_words: int
+             ) -> tuple[list[dict[str, Any]], list[Felt]]:
     with SlotwiseProcess(server_url, work / f"slotwise-{mode}",
                          prefill={"mode": mode, "cold_tokens": 1000}) as proxy:
-        asyncio.run(play(proxy.url, cold_words))
-    return proxy.records()
+        felt = asyncio.run(play(proxy.url, cold_words))
+    return proxy.records(), felt
 
 
 def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
@@ -121,38 +133,58 @@ def run_demo(args: argparse.Namespace) -> int:
     with LlamaServer(model.model, args=["-np", "4", "-c", "32768"],
                      log_path=work / "llama-server.log") as server:
         results = {mode: run_once(server.url, work, mode, args.cold_words) for mode in modes}
-    for mode, records in results.items():
+    for mode, (records, _) in results.items():
         console.print(records_table(mode, records))
-    console.print(summary_table(results))
+    console.print(summary_table({mode: felt for mode, (_, felt) in results.items()}))
     console.print(f"[dim]timing logs: {work}/slotwise-*/timing.jsonl; llama-server log: "
                   f"{work}/llama-server.log[/dim]")
     return 0
 
 
-def summary_table(results: dict[str, list[dict[str, Any]]]) -> Table:
-    table = Table(title="side by side: what the other users felt while dan's history was read")
+def summary_table(results: dict[str, list[Felt]]) -> Table:
+    """What the users felt, measured at the client: the streams during dan's cold prompt (from
+    its arrival to its first token), eve's short turns, and dan's own wait."""
+    table = Table(title="side by side: what the users felt while dan's history was read")
     table.add_column("figure")
     for mode in results:
         table.add_column(f"prefill {mode}", justify="right")
-    Figure = Callable[[list[dict[str, Any]]], float | None]
-    rows: dict[str, Figure] = {
-        "streams' rate during the cold prompt (tok/s)": lambda rs: _min(
-            rate_during_cold(r) for r in rs if r.get("client") in ("ann", "bob", "cho")),
-        "streams' longest gap (ms)": lambda rs: _max(
-            r.get("gap_max_ms") for r in rs if r.get("client") in ("ann", "bob", "cho")),
-        "short turns' time to first token (ms, worst)": lambda rs: _max(
-            r.get("ttft_ms") for r in rs if r.get("client") == "eve"),
-        "cold turn's time to first token (ms)": lambda rs: _max(
-            r.get("ttft_ms") for r in rs if r.get("client") == "dan"),
+    rows: dict[str, Callable[[list[Felt]], float | None]] = {
+        "streams' rate during the cold prompt (tok/s, slowest)": _rate_during_cold,
+        "streams' longest gap (ms)": lambda felt: _max(
+            _gap_ms(r) for user, r in felt if user in STREAMERS),
+        "short turns' time to first token (ms, worst)": lambda felt: _max(
+            _ttft_ms(r) for user, r in felt if user == "eve"),
+        "cold turn's time to first token (ms)": lambda felt: _max(
+            _ttft_ms(r) for user, r in felt if user == "dan"),
     }
     for name, figure in rows.items():
-        table.add_row(name, *(_n(figure(records)) for records in results.values()))
+        table.add_row(name, *(_n(figure(felt)) for felt in results.values()))
     return table
 
 
-def _min(values: Any) -> float | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
+STREAMERS = ("ann", "bob", "cho")
+
+
+def _rate_during_cold(felt: list[Felt]) -> float | None:
+    dan = next((r for user, r in felt if user == "dan"), None)
+    if dan is None or not dan.tokens:
+        return None
+    lo, hi = dan.sent, dan.tokens[0]
+    rates = []
+    for user, r in felt:
+        if user in STREAMERS and r.tokens and r.tokens[-1] > lo + 0.3:
+            end = min(hi, r.tokens[-1])
+            rates.append(sum(1 for t in r.tokens if lo < t <= end) / max(end - lo, 1e-3))
+    return min(rates) if rates else None
+
+
+def _gap_ms(r: StreamResult) -> float | None:
+    gaps = [b - a for a, b in itertools.pairwise(r.tokens)]
+    return max(gaps) * 1000.0 if gaps else None
+
+
+def _ttft_ms(r: StreamResult) -> float | None:
+    return r.ttft * 1000.0 if r.ttft is not None else None
 
 
 def _max(values: Any) -> float | None:

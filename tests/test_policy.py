@@ -256,6 +256,16 @@ class TestRule8ShortRequestsBetweenPieces:
         assert p.on_tick(0.4) == []
         assert p.on_tick(0.5) == [FeedPiece("c", 512)]
 
+    def test_next_piece_waits_while_a_short_prompt_is_computed(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 250.0, 0.25)
+        p.on_arrival("x", 100, 100, 0.3)
+        p.on_prefill_started("x", 0.3)
+        assert p.on_tick(0.5) == [] and p.next_wakeup() is None
+        assert p.on_first_token("x", 0.6) == [FeedPiece("c", 512)]
+
 
 class TestRule9RateLearning:
     def test_starts_at_default(self) -> None:

@@ -160,26 +160,32 @@ async def through(url: str, work: Path, mode: str, sc: Scenario, seed: int,
     return run
 
 
+PATHS = ("direct", "defer", "chunk", "b512")
+"""Short names of the paths, for `--paths`."""
+
+
 def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
-            binary: Path | None = None, log: Callable[[str], None] = print
-            ) -> tuple[dict[str, Run], dict[str, Baseline]]:
-    """Every path in one run; returns the runs by path name and the baseline of each server."""
+            paths: Sequence[str] = PATHS, binary: Path | None = None,
+            log: Callable[[str], None] = print) -> tuple[dict[str, Run], dict[str, Baseline]]:
+    """The chosen paths in one run; returns the runs by path name and each server's baseline."""
     model = write_model(model_dir, "small", seed=0)
     runs: dict[str, Run] = {}
     bases: dict[str, Baseline] = {}
-    for name, extra in (("default", ()), ("b512", ("-b", "512"))):
+    servers = (("default", (), [p for p in PATHS[:3] if p in paths]),
+               ("b512", ("-b", "512"), [p for p in PATHS[3:] if p in paths]))
+    for name, extra, wanted in servers:
+        if not wanted:
+            continue
         with LlamaServer(model.model, args=[*SERVER_ARGS, *extra], binary=binary,
                          log_path=work / f"llama-server-{name}.log") as server:
             log(f"llama-server {' '.join([*SERVER_ARGS, *extra])}: baselines …")
             bases[name] = asyncio.run(baseline(server.url, sc, seed=100 + len(bases)))
-            if name == "b512":
-                log("direct, -b 512 …")
-                runs["direct -b 512"] = asyncio.run(play(server.url, sc, "b512", cold_seed=4))
-                continue
-            log("direct, default batch …")
-            runs["direct"] = asyncio.run(play(server.url, sc, "direct", cold_seed=1))
-            for seed, mode in ((2, "defer"), (3, "chunk")):
-                log(f"slotwise {mode} …")
-                runs[f"slotwise {mode}"] = asyncio.run(
-                    through(server.url, work, mode, sc, seed, prefill))
+            for seed, path in enumerate(wanted, start=1 + 10 * len(bases)):
+                log(f"{path} …")
+                if path in ("defer", "chunk"):
+                    runs[f"slotwise {path}"] = asyncio.run(
+                        through(server.url, work, path, sc, seed, prefill))
+                else:
+                    label = "direct -b 512" if path == "b512" else "direct"
+                    runs[label] = asyncio.run(play(server.url, sc, path, cold_seed=seed))
     return runs, bases

@@ -13,7 +13,16 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.contention import Baseline, Run, Scenario, max_gap, measure, pct, stream_rate
+from proxy.bench.contention import (
+    PATHS,
+    Baseline,
+    Run,
+    Scenario,
+    max_gap,
+    measure,
+    pct,
+    stream_rate,
+)
 from proxy.bench.harness import temp_dir
 
 PREFILL = {"cold_tokens": 1000}
@@ -28,8 +37,20 @@ def add_contention(commands: Any) -> None:
     cmd.add_argument("--cold-words", type=int, default=Scenario.cold_words,
                      help=f"cold history size in words (default {Scenario.cold_words}, "
                           "about 3,400 tokens)")
+    cmd.add_argument("--paths", default=",".join(PATHS),
+                     help=f"paths to measure, comma-separated (default {','.join(PATHS)})")
+    cmd.add_argument("--prefill", action="append", default=[], metavar="KEY=NUMBER",
+                     help="override a [prefill] setting of the slotwise paths (repeatable)")
     cmd.add_argument("--json", action="store_true", help="also print the figures as JSON")
     cmd.set_defaults(handler=run_contention)
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(PREFILL)
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.strip()] = float(value) if "." in value else int(value)
+    return out
 
 
 def figures(run: Run, base: Baseline) -> dict[str, Any]:
@@ -134,7 +155,8 @@ def run_contention(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     work = temp_dir("slotwise-contention-")
     sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words)
-    runs, bases = measure(work / "model", work, sc, PREFILL,
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
                           log=lambda line: console.print(f"[dim]{line}[/dim]"))
     results = {path: figures(run, bases["b512" if "512" in path else "default"])
                for path, run in runs.items()}

@@ -75,7 +75,8 @@ class PrefillPolicy:
      7. `chunk`: as soon as nobody is generating, the real request is forwarded at once (full
         speed); a piece already in flight is let finish first, since its work is kept in the cache.
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
-        is unchanged: the next piece still waits for its pause.
+        is unchanged: the next piece still waits for its pause, and also while any other request
+        is computing its prompt (PREFILLING), so that short prompts go between pieces.
      9. The prefill rate is learned from PieceDone (tokens / elapsed) and from finished requests'
         prompt_n / prompt_ms (if >= 256 tokens); it starts at a conservative default.
     10. A client that leaves ends its part at once: an active plan ends (CancelPiece if a piece is
@@ -141,7 +142,8 @@ class PrefillPolicy:
         return self._set_phase(req_id, Phase.PREFILLING)
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
-        return self._set_phase(req_id, Phase.DECODING)
+        self._set_phase(req_id, Phase.DECODING)
+        return self._advance(now) if self._plan is not None else []
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
                     prompt_ms: float | None = None) -> list[Decision]:
@@ -205,7 +207,9 @@ class PrefillPolicy:
             return None
         if self._cfg.mode == "defer":
             return plan.deadline
-        return plan.next_piece_at if plan.piece_upto is None else None
+        if plan.piece_upto is not None or self._others_prefilling():
+            return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
+        return plan.next_piece_at
 
     @property
     def piece_tokens(self) -> int:
@@ -274,10 +278,13 @@ class PrefillPolicy:
         piece = self.piece_tokens
         if plan.req.est_prompt_tokens - plan.done_upto <= piece:
             return self._release(self._send(plan, "rest fits one piece"))
-        if now < plan.next_piece_at:
+        if now < plan.next_piece_at or self._others_prefilling():
             return []
         plan.piece_upto = next_upto(plan.done_upto, piece)
         return [FeedPiece(req_id, plan.piece_upto)]
+
+    def _others_prefilling(self) -> bool:
+        return any(phase is Phase.PREFILLING for phase in self._in_flight.values())
 
     @staticmethod
     def _send(plan: _Plan, why: str) -> Admit | Forward:
