@@ -78,7 +78,7 @@ class PrefillConfig:
     """defer: the longest a cold request is held."""
     max_stall_ms: float = 250.0
     """chunk: the longest stall a piece may cause to the generating streams."""
-    prefill_share: float = 0.5
+    prefill_share: float = 0.55
     """chunk: the share of time given to the cold prompt's pieces (the rest to the decoders alone)."""
     max_waiting: int = 16
     """Cold requests that may wait for their turn; more get HTTP 503."""

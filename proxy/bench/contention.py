@@ -34,8 +34,8 @@ class Scenario:
     """Size of the cold history in words (the record shows its tokens)."""
     lead_s: float = 1.5
     """The streams run alone this long before the cold prompt arrives."""
-    shorts: int = 6
-    short_every_s: float = 0.8
+    shorts: int = 10
+    short_every_s: float = 0.6
 
 
 @dataclass
