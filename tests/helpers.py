@@ -1,18 +1,34 @@
-"""Helpers shared by the tests: a proxy in a thread in front of a given upstream, and its records."""
+"""Helpers shared by the tests: a fake upstream served on loopback, a proxy in a thread in front of
+a given upstream, its records, and a plain HTTP call."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from proxy.config import parse_config
 from proxy.runner import ProxyThread
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """Serve an aiohttp app (a fake upstream) on 127.0.0.1; yields its base URL."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
 
 
 def start_proxy(upstream_url: str, log_dir: Path, **tables: Any) -> ProxyThread:

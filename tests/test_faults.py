@@ -10,35 +10,24 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
 
-from proxy.config import parse_config
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
+from tests.helpers import read_records, serve_app, start_proxy
 
 
 @pytest.fixture
 async def fake_url() -> AsyncIterator[str]:
-    server = TestServer(make_app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serve_app(make_app()) as url:
+        yield url
 
 
 @pytest.fixture
 def proxy_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[ProxyThread] = []
 
-    def start(url: str, **extra: Any) -> ProxyThread:
-        config = parse_config({
-            "upstream": {"url": url, **extra.pop("upstream", {})},
-            "listen": {"port": 0, **extra.pop("listen", {})},
-            "log": {"timing": str(tmp_path / "timing.jsonl")},
-            **extra,
-        })
-        proxy = ProxyThread(config).__enter__()
+    def start(url: str, **tables: Any) -> ProxyThread:
+        proxy = start_proxy(url, tmp_path, **tables)
         started.append(proxy)
         return proxy
 
@@ -48,8 +37,8 @@ def proxy_factory(tmp_path: Path) -> Iterator[Any]:
 
 
 def records(proxy: ProxyThread) -> list[dict[str, Any]]:
-    path = Path(proxy.config.log.timing)
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    """All the records, once the proxy has been stopped (so every one is written)."""
+    return read_records(proxy)
 
 
 def chat_body(model: str = "fast", tokens: int = 20, stream: bool = True) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, parse_config
@@ -23,6 +22,7 @@ from proxy.lora_watch import check_reload, first_read, refresh
 from proxy.runner import ProxyThread
 from proxy.state import ProxyState
 from proxy.timing_log import TimingLog
+from tests.helpers import serve_app
 
 
 @dataclass
@@ -64,12 +64,8 @@ class Fake:
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[Fake, str]]:
     upstream = Fake()
-    server = TestServer(upstream.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield upstream, str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serve_app(upstream.app()) as url:
+        yield upstream, url
 
 
 def closed_port_url() -> str:

@@ -11,13 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import MAX_PURPOSES, Purposes, decode_rate, server_queue_wait_ms
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
-from tests.helpers import start_proxy
+from tests.helpers import serve_app, start_proxy
 
 
 @pytest.fixture
@@ -33,12 +32,8 @@ async def upstream() -> AsyncIterator[tuple[str, list[str]]]:
 
     app = make_app()
     app.middlewares.append(note)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/"), seen
-    finally:
-        await server.close()
+    async with serve_app(app) as url:
+        yield url, seen
 
 
 @pytest.fixture

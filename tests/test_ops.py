@@ -18,12 +18,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.lifecycle import Operations, reload_config
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
-from tests.helpers import read_records, start_proxy
+from tests.helpers import read_records, serve_app, start_proxy
 
 SLOTWISE = Path(sys.executable).parent / "slotwise"
 GRACE_S = 5  # listen.shutdown_grace_s of every proxy here: a reload may not change it
@@ -112,12 +111,8 @@ def serving() -> Iterator[list[Served]]:
 
 @pytest.fixture
 async def fake_url() -> AsyncIterator[str]:
-    server = TestServer(make_app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    async with serve_app(make_app()) as url:
+        yield url
 
 
 def records(path: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.endpoints import Kind
 from proxy.inflight import Flight, Phase
@@ -23,7 +22,7 @@ from proxy.runner import ProxyThread
 from proxy.status import current_rate, prefill_progress, slot_summary
 from proxy.timing import RequestTimer
 from tests.fake_upstream import chat
-from tests.helpers import start_proxy
+from tests.helpers import serve_app, start_proxy
 
 SLOTS = [
     {"id": 0, "is_processing": True, "n_prompt_tokens": 120, "id_task": 7,
@@ -46,12 +45,8 @@ async def upstream() -> AsyncIterator[tuple[str, list[str]]]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/slots", slots)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")).rstrip("/"), seen
-    finally:
-        await server.close()
+    async with serve_app(app) as url:
+        yield url, seen
 
 
 @pytest.fixture
