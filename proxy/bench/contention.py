@@ -22,8 +22,9 @@ from proxy.testbed.server import LlamaServer
 
 WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
          "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard")
-SERVER_ARGS = ("-np", "4", "-c", "32768")
-"""Four slots with their own KV each (explicit -np: no unified KV, no idle-slot clearing)."""
+SERVER_ARGS = ("-np", "4", "-c", "32768", "--no-cache-idle-slots")
+"""Four slots with their own KV each (explicit -np: no unified KV), idle slots not copied to RAM
+after every task launch (that copy stalls every batch: docs/prefill.md)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,8 @@ PATHS = ("direct", "defer", "chunk", "b512")
 
 
 def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
-            paths: Sequence[str] = PATHS, binary: Path | None = None,
+            paths: Sequence[str] = PATHS, server_args: Sequence[str] = SERVER_ARGS,
+            binary: Path | None = None,
             log: Callable[[str], None] = print) -> tuple[dict[str, Run], dict[str, Baseline]]:
     """The chosen paths in one run; returns the runs by path name and each server's baseline."""
     model = write_model(model_dir, "small", seed=0)
@@ -176,9 +178,9 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
     for name, extra, wanted in servers:
         if not wanted:
             continue
-        with LlamaServer(model.model, args=[*SERVER_ARGS, *extra], binary=binary,
+        with LlamaServer(model.model, args=[*server_args, *extra], binary=binary,
                          log_path=work / f"llama-server-{name}.log") as server:
-            log(f"llama-server {' '.join([*SERVER_ARGS, *extra])}: baselines …")
+            log(f"llama-server {' '.join([*server_args, *extra])}: baselines …")
             bases[name] = asyncio.run(baseline(server.url, sc, seed=100 + len(bases)))
             for seed, path in enumerate(wanted, start=1 + 10 * len(bases)):
                 log(f"{path} …")

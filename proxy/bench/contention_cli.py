@@ -15,6 +15,7 @@ from rich.table import Table
 
 from proxy.bench.contention import (
     PATHS,
+    SERVER_ARGS,
     Baseline,
     Run,
     Scenario,
@@ -41,6 +42,8 @@ def add_contention(commands: Any) -> None:
                      help=f"paths to measure, comma-separated (default {','.join(PATHS)})")
     cmd.add_argument("--prefill", action="append", default=[], metavar="KEY=NUMBER",
                      help="override a [prefill] setting of the slotwise paths (repeatable)")
+    cmd.add_argument("--server-args", default=" ".join(SERVER_ARGS),
+                     help=f"llama-server flags of every path (default {' '.join(SERVER_ARGS)!r})")
     cmd.add_argument("--json", action="store_true", help="also print the figures as JSON")
     cmd.set_defaults(handler=run_contention)
 
@@ -167,6 +170,7 @@ def run_contention(args: argparse.Namespace) -> int:
     sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
+                          server_args=args.server_args.split(),
                           log=lambda line: console.print(f"[dim]{line}[/dim]"))
     results = {path: figures(run, bases["b512" if "512" in path else "default"])
                for path, run in runs.items()}
