@@ -130,7 +130,7 @@ def run_demo(args: argparse.Namespace) -> int:
                   f"… (files in {work})[/dim]")
     model = write_model(work / "model", args.preset, seed=0)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    with LlamaServer(model.model, args=["-np", "4", "-c", "32768", "--no-cache-idle-slots"],
+    with LlamaServer(model.model, args=["-np", "5", "-c", "40960", "--no-cache-idle-slots"],
                      log_path=work / "llama-server.log") as server:
         results = {mode: run_once(server.url, work, mode, args.cold_words) for mode in modes}
     for mode, (records, _) in results.items():

@@ -22,9 +22,9 @@ from proxy.testbed.server import LlamaServer
 
 WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
          "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard")
-SERVER_ARGS = ("-np", "4", "-c", "32768", "--no-cache-idle-slots")
-"""Four slots with their own KV each (explicit -np: no unified KV), idle slots not copied to RAM
-after every task launch (that copy stalls every batch: docs/prefill.md)."""
+SERVER_ARGS = ("-np", "5", "-c", "40960", "--no-cache-idle-slots")
+"""The set-up docs/prefill.md recommends: slots with their own KV (explicit -np), one more than the
+streams plus the cold prompt's slot, idle slots not copied to RAM after every task launch."""
 
 
 @dataclass(frozen=True)
