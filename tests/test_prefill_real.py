@@ -86,8 +86,9 @@ def prefill(mode: str, **over: Any) -> dict[str, Any]:
 
 
 def test_chunked_prompt_finds_itself_cached(server: LlamaServer, tmp_path: Path) -> None:
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=80.0,
-                                                         prefill_share=0.8))
+    # Small pieces: the rest forwarded with the real request is at most one piece (< 10 %).
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
+                                                         prefill_share=0.9))
     try:
         stream = Stream(proxy.url)
         try:
