@@ -157,17 +157,28 @@ def stream_in_thread(url: str, body: dict[str, Any], sink: dict[str, Any]) -> th
     return thread
 
 
+LONG_TOKENS = 2500  # about 2 s on an idle 2-core machine with the tiny model
+
+
+def wait_until_decoding(proxy: ProxyThread, events: int, timeout: float = 60.0) -> None:
+    """Until a request in flight has relayed `events` token events."""
+    deadline = time.monotonic() + timeout
+    while not any(flight.decoded >= events for flight in proxy.state.registry):
+        assert time.monotonic() < deadline, "no request started decoding"
+        time.sleep(0.005)
+
+
 def test_queue_wait_covers_the_time_the_other_request_still_ran(
         llama_server_binary: Path, tiny_model: Any, tmp_path: Path) -> None:
     with LlamaServer(tiny_model.model, lora=None, args=["-np", "1", "-c", "4096"],
                      binary=llama_server_binary, log_path=tmp_path / "np1.log") as one_slot:
         proxy = start_proxy(one_slot.url, tmp_path)
         try:
-            long_body = {"messages": MESSAGES, "stream": True, "max_tokens": 800,
+            long_body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG_TOKENS,
                          "temperature": 0, "ignore_eos": True}
             first: dict[str, Any] = {}
             thread = stream_in_thread(proxy.url, long_body, first)
-            time.sleep(0.5)  # the first one is generating now
+            wait_until_decoding(proxy, events=20)
             second = raw_events(proxy.url, "/v1/chat/completions",
                                 {"messages": MESSAGES, "stream": True, "max_tokens": 8})
             thread.join()
@@ -185,7 +196,7 @@ def test_queue_wait_covers_the_time_the_other_request_still_ran(
     for rec in (long_rec, short_rec):
         server_timings = rec["timings"]
         assert rec["prompt_tokens"] == server_timings["prompt_n"] + server_timings["cache_n"]
-    assert long_rec["timings"]["predicted_n"] == 800
+    assert long_rec["timings"]["predicted_n"] == LONG_TOKENS
 
 
 async def test_a_client_that_leaves_mid_stream_stops_the_generation(
