@@ -41,6 +41,7 @@ class Flight:
     purpose: str | None = None
     lora_out: Any = None
     new_tokens: int | None = None  # prompt tokens the server computes (progress, then timings)
+    fed_tokens: int = 0  # prompt tokens computed ahead of the request, in pieces (chunk mode)
     est_new_tokens: int | None = None
     prefill_done_tokens: int | None = None  # the latest progress chunk's `processed` (status page)
     prompt_tokens: int | None = None
@@ -83,13 +84,21 @@ class Registry:
             return
         flight.phase = phase
         if phase is Phase.PREFILLING:
-            flight.prefill_start = now
-            for other in self._live.values():
-                if other is not flight:
-                    other.prefill_peers.append(flight)
-        if old is Phase.PREFILLING:
+            self.start_prefill(flight, now)
+        if (old is Phase.PREFILLING or phase is Phase.DONE) and flight.prefill_end is None \
+                and flight.prefill_start is not None:
             flight.prefill_end = now
         self._notify(flight, old, phase, now)
+
+    def start_prefill(self, flight: Flight, now: float) -> None:
+        """The server starts computing this request's prompt (or, in chunk mode, its first piece):
+        every other request in flight will see this prefill in its record's overlaps."""
+        if flight.prefill_start is not None:
+            return
+        flight.prefill_start = now
+        for other in self._live.values():
+            if other is not flight:
+                other.prefill_peers.append(flight)
 
     def finish(self, flight: Flight, now: float) -> None:
         self.move(flight, Phase.DONE, now)

@@ -60,6 +60,7 @@ def build_record(flight: Flight, out: Outcome) -> dict[str, Any]:
         **figures,
         "prefill_wait_ms": prefill_wait_ms(flight, figures, out.timings),
         "prompt_tokens": flight.prompt_tokens,
+        "fed_tokens": flight.fed_tokens,
         "timings": out.timings,
         "lora_in": out.lora_in,
         "lora_out": flight.lora_out,
@@ -107,13 +108,20 @@ def overlaps(flight: Flight) -> list[dict[str, Any]]:
         events, decode_s = _decode_inside(timer.tokens, lo, hi)
         result.append({
             "id": peer.id,
-            "new_tokens": peer.new_tokens,
+            "new_tokens": _computed(peer),
             "from_ms": round((lo - timer.arrived) * 1000.0, 1),
             "to_ms": round((hi - timer.arrived) * 1000.0, 1),
             "decode_events": events,
             "decode_ms": round(decode_s * 1000.0, 1),
         })
     return result
+
+
+def _computed(flight: Flight) -> int | None:
+    """All the prompt tokens the server computed for a request: its own and its pieces'."""
+    if flight.new_tokens is None:
+        return flight.fed_tokens or None
+    return flight.new_tokens + flight.fed_tokens
 
 
 def _decode_inside(tokens: list[float], lo: float, hi: float) -> tuple[int, float]:

@@ -104,6 +104,13 @@ def test_chunked_prompt_finds_itself_cached(server: LlamaServer, tmp_path: Path)
     assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
     assert cold["est_prompt_tokens"] == total
     assert timings["cache_n"] / total >= 0.9, timings
+    # The pieces are prefill work too: the stream's record sees the whole cold prompt overlap it,
+    # and the cold record counts what its pieces computed.
+    assert cold["fed_tokens"] + timings["prompt_n"] >= 0.9 * total
+    streamed = next(r for r in read_records(proxy) if r["stream"])
+    (overlap,) = [o for o in streamed["overlaps"] if o["id"] == cold["id"]]
+    assert overlap["new_tokens"] == cold["fed_tokens"] + timings["prompt_n"]
+    assert overlap["decode_events"] > 0 and overlap["to_ms"] > overlap["from_ms"]
 
 
 def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,

@@ -49,6 +49,7 @@ class _Request:
     """A request the gate is deciding about, until it is sent or turned away."""
 
     key: str
+    flight: Flight
     ids: list[int]
     lora: Any
     outcome: asyncio.Future[Outcome] = field(
@@ -91,7 +92,7 @@ class PrefillGate:
             self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
             return Admission()
         ids, est, note = await self._estimate(cfg, kind, body)
-        request = _Request(key=key, ids=ids, lora=body.get("lora"))
+        request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
         if ids:
@@ -194,6 +195,9 @@ class PrefillGate:
                                             name=f"slotwise-piece-{request.key}")
 
     async def _piece(self, request: _Request, upto: int) -> None:
+        # The prompt's computation starts with its first piece: from then on it is a prefill
+        # that others' records see overlapping them.
+        self._registry.start_prefill(request.flight, self._clock())
         try:
             result = await self._feeder.feed(request.ids, upto, request.lora)
         except PieceError as exc:
@@ -205,6 +209,7 @@ class PrefillGate:
                 request.key, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
             return
         request.pieces += 1
+        request.flight.fed_tokens += result.prompt_n
         self._estimator.learn(request.ids[:upto], result.cache_n)
         self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.elapsed_ms,
                                                self._clock()))

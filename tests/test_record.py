@@ -1,0 +1,62 @@
+"""The record's overlaps: whose prefill overlapped whose life, and this request's decode inside it."""
+
+from __future__ import annotations
+
+from proxy.endpoints import Kind
+from proxy.inflight import Flight, Phase, Registry
+from proxy.record import overlaps
+from proxy.timing import RequestTimer
+
+
+def flight(name: str, now: float) -> Flight:
+    return Flight(id=name, kind=Kind.CHAT, stream=True, timer=RequestTimer(arrived=now))
+
+
+def test_a_prefill_that_starts_later_is_seen_with_the_decode_inside_it() -> None:
+    registry = Registry()
+    stream, cold = flight("stream", 0.0), flight("cold", 1.0)
+    registry.add(stream, 0.0)
+    for t in (0.5, 1.5, 2.5, 3.5, 4.5):
+        stream.timer.on_token(t)
+    registry.add(cold, 1.0)
+    registry.move(cold, Phase.PREFILLING, 2.0)
+    cold.new_tokens = 3000
+    registry.move(cold, Phase.DECODING, 4.0)
+    stream.timer.on_end(5.0)
+    (seen,) = overlaps(stream)
+    assert seen == {"id": "cold", "new_tokens": 3000, "from_ms": 2000.0, "to_ms": 4000.0,
+                    "decode_events": 2, "decode_ms": 2000.0}
+    assert overlaps(cold) == []  # nobody prefilled during the cold one's life
+
+
+def test_pieces_fed_ahead_start_the_prefill_and_count_in_its_tokens() -> None:
+    registry = Registry()
+    stream, cold = flight("stream", 0.0), flight("cold", 0.0)
+    registry.add(stream, 0.0)
+    registry.add(cold, 0.0)
+    registry.move(cold, Phase.HELD, 0.0)
+    registry.start_prefill(cold, 1.0)  # the first piece
+    cold.fed_tokens = 2900
+    registry.move(cold, Phase.QUEUED, 5.0)
+    registry.move(cold, Phase.PREFILLING, 5.1)  # the real request: its start stays the first piece's
+    cold.new_tokens = 100
+    registry.move(cold, Phase.DECODING, 5.5)
+    stream.timer.on_token(0.5)
+    stream.timer.on_token(6.0)
+    stream.timer.on_end(6.0)
+    (seen,) = overlaps(stream)
+    assert (seen["new_tokens"], seen["from_ms"], seen["to_ms"]) == (3000, 1000.0, 5500.0)
+    assert len(stream.prefill_peers) == 1  # seen once, not once per start
+
+
+def test_a_prefill_cut_short_ends_when_its_request_ends() -> None:
+    registry = Registry()
+    stream, cold = flight("stream", 0.0), flight("cold", 0.0)
+    registry.add(stream, 0.0)
+    registry.add(cold, 0.0)
+    registry.move(cold, Phase.HELD, 0.0)
+    registry.start_prefill(cold, 1.0)
+    registry.finish(cold, 2.0)  # its client left during the pieces
+    stream.timer.on_end(10.0)
+    (seen,) = overlaps(stream)
+    assert (seen["from_ms"], seen["to_ms"]) == (1000.0, 2000.0)
