@@ -184,16 +184,160 @@ def test_sources_of_long_prefills() -> None:
 def test_requests_policy_and_estimate_tables() -> None:
     records = [
         rec("a", 0, 1, est_new_tokens=110, prompt_n=100, lora_rewritten=True),
-        rec("b", 5, 1, est_new_tokens=100, prompt_n=100, prefill_plan="chunked", pieces=3, held_ms=1500.0),
+        rec("b", 5, 1, est_new_tokens=100, prompt_n=40, fed_tokens=60, prefill_plan="chunked",
+            pieces=3, held_ms=1500.0),
         rec("c", 9, 1, outcome="client_gone"),
     ]
     rows = table(record_tables.requests_table(records))
-    assert rows["LoRA rewritten"][0] == 1
-    assert rows["prefill plan chunked"] == (1, (1.5,))
-    assert rows["prompt pieces fed ahead"][0] == 3
-    assert rows["outcome client_gone"][0] == 1
+    assert rows["LoRA rewritten"] == (1, ())
+    assert rows["outcome client_gone"] == (1, ())
+    assert rows["requests"] == (3, ())
+    policy = record_tables.policy_table(records)
+    plans = table(policy)
+    assert plans["fed in pieces (chunk)"] == (1, (pytest.approx(100 / 3), 1.5, 1.5))
+    assert plans["forwarded at once"] == (2, (pytest.approx(200 / 3), None, None))
+    assert plans["held, then forwarded (defer)"] == (0, (0.0, None, None))
+    assert policy.note == "chunk: 3 pieces fed ahead, 60 prompt tokens computed in them"
     est = table(record_tables.estimate_table(records))["estimate - actual new tokens"]
     assert est[0] == 2 and est[1][0] == 5.0 and est[1][3] == 100.0
+
+
+# ---- the chunk and defer policies' records --------------------------------------------------
+
+
+def chunked(id: str, at: float, total: float, **extra: Any) -> dict[str, Any]:
+    """A cold 3,300-token turn fed in 12 pieces of 256 tokens: the real request computed 52."""
+    fields: dict[str, Any] = {
+        "prompt_n": 52,
+        "cache_n": 3248,
+        "fed_tokens": 3072,
+        "prefill_plan": "chunked",
+        "pieces": 12,
+        "held_ms": 4000.0,
+        "est_new_tokens": 3150,
+        "policy_note": "rest fits one piece after 12 pieces (3072 tokens fed)",
+    }
+    return rec(id, at, total, **(fields | extra))
+
+
+def test_a_chunked_turn_counts_its_pieces_as_new_tokens() -> None:
+    record = chunked("cold", 0, 10, wait=4.0, prefill=0.2)
+    span = record_to_span(record)
+    assert span.new_n == 3124 and span.cached_n == 176
+    assert ("fed_tokens", "3072") in span.info and ("pieces", "12") in span.info
+    # An old log has no fed_tokens: prompt_n alone.
+    old = {k: v for k, v in record.items() if k != "fed_tokens"}
+    assert record_to_span(old).new_n == 52
+
+
+def test_turns_a_chunked_cold_turn_is_big_and_no_cache_hit() -> None:
+    spans, _ = spans_of(
+        chunked("cold", 0, 10),
+        rec("hit", 100, 2, prompt_n=10, cache_n=3290),
+    )
+    rows = table(tables.turns_table(spans, Thresholds(big_new=1000)))
+    assert rows["of which >= 95% cached"] == (1, (2.0, 2.0, 2.0))
+    assert rows["of which >= 1,000 new tokens"] == (1, (10.0, 10.0, 10.0))
+
+
+def test_ttft_short_turns_leave_out_a_chunked_cold_turn() -> None:
+    records = [
+        chunked("cold", 0, 10, wait=4.0, prefill=0.1),  # TTFT 4.1 s, 52 tokens computed by itself
+        # arrives while cold's pieces are fed (before its own prefill_start at 4.0 s)
+        rec("short", 1, 3, wait=0.0, prefill=0.5),
+        rec("alone", 100, 2, wait=0.0, prefill=0.3),
+    ]
+    spans, index = spans_of(*records)
+    rows = table(tables.ttft_table(spans, index, Thresholds(big_new=1000)))
+    assert sum(n for n, _ in rows.values()) == 2
+    assert rows["overlapping a prefill of >= 1,000 tokens"] == (1, (0.5, 0.5, 0.5))
+    assert rows["nothing else running"][0] == 1
+
+
+def test_sources_include_a_chunked_cold_turn() -> None:
+    spans, _ = spans_of(chunked("cold", 0, 10, client="ann"), rec("next", 100, 2, client="ann"))
+    rows = table(tables.sources_table(spans, Thresholds(big_new=1000)))
+    assert rows == {"first turn of a client (in the log, or after >= 30 min)": (1, (3124.0, 3124))}
+
+
+def test_estimate_compares_with_the_tokens_of_the_pieces_too() -> None:
+    records = [chunked("cold", 0, 10), chunked("old", 20, 10, fed_tokens=None, est_new_tokens=55)]
+    est = table(record_tables.estimate_table(records))["estimate - actual new tokens"]
+    # cold: 3150 - (52 + 3072) = 26; old log without fed_tokens: 55 - 52 = 3
+    assert est == (2, (14.5, pytest.approx(24.85), 26.0, 100.0))
+
+
+def test_time_split_counts_the_pieces_as_own_prefill() -> None:
+    alone = rec("a", 0, 3.0, wait=0.0, prefill=1.0, prompt_n=800, predicted_n=100, decode=2.0)
+    cold = chunked("cold", 100, 10.0, wait=4.0, prefill=0.1, predicted_n=100, decode=5.9,
+                   inflight_at_start=["x"])
+    spans, index = spans_of(alone, cold, rec("x", 99, 20))
+    rows = table(tables.time_split_table(spans[:2], index))
+    assert rows["own prefill"][1][0] == pytest.approx((800 + 3124) / 800)
+
+
+def test_decode_rate_while_a_chunked_peer_was_fed() -> None:
+    # overlaps[].new_tokens counts a chunked peer's pieces: the stream's rate shows up as "during".
+    ov = {"id": "cold", "new_tokens": 3124, "from_ms": 1000, "to_ms": 5000,
+          "decode_events": 20, "decode_ms": 4000}
+    records = [rec("s", 0, 10.3, predicted_n=100, decode=10.0, overlaps=[ov])]
+    rows = table(record_tables.decode_rate_table(records, 1000))
+    assert rows["while another slot prefilled >= 1,000 tokens"][1][0] == pytest.approx(5.0)
+
+
+def test_policy_notes_by_kind_only_failures_count_as_failed_open() -> None:
+    notes = [
+        "rest fits one piece after 12 pieces (3072 tokens fed)",
+        "nobody generating after 2 pieces (512 tokens fed)",
+        "cold, nobody generating",
+        "cold, rest fits one piece",
+        "held until others finished",
+        "held prefill.max_hold_s",
+        "prefill.mode off (reload) after 1 pieces (256 tokens fed)",
+        "not estimated, forwarded as it came: tokenizer unavailable",
+        "piece failed, forwarded as it came: upstream 500",
+        "piece failed, forwarded as it came: internal error: KeyError: 'x'",
+        "something new",
+    ]
+    records = [rec(f"r{i}", i, 1, policy_note=n) for i, n in enumerate(notes)]
+    records += [rec("quiet", 50, 1), rec("null", 51, 1, policy_note=None)]
+    rows = table(record_tables.notes_table(records))
+    assert {label: n for label, (n, _) in rows.items()} == {
+        "no note (not cold, or policy off)": 2,
+        "released after pieces: the rest fits one piece": 1,
+        "released after pieces: nobody generating": 1,
+        "cold, admitted whole: nobody generating": 1,
+        "cold, admitted whole: fits one piece": 1,
+        "held until others finished (defer)": 1,
+        "held until prefill.max_hold_s (defer)": 1,
+        "released by a reload (prefill.mode off)": 1,
+        "other note": 1,
+        "failed open: not estimated": 1,
+        "failed open: piece failed": 1,
+        "failed open: internal error": 1,
+        "failed open, all kinds (the policy did not apply)": 3,
+    }
+
+
+def test_policy_notes_show_failures_as_zero_when_there_are_none() -> None:
+    rows = table(record_tables.notes_table([chunked("cold", 0, 10), rec("b", 5, 1)]))
+    assert rows["failed open: not estimated"] == (0, ())
+    assert rows["failed open, all kinds (the policy did not apply)"] == (0, ())
+    assert rows["released after pieces: the rest fits one piece"] == (1, ())
+    assert "held until others finished (defer)" not in rows
+
+
+def test_policy_table_held_times_for_defer() -> None:
+    records = [
+        rec("h1", 0, 5, prefill_plan="held", held_ms=2000.0, policy_note="held until others finished"),
+        rec("h2", 10, 5, prefill_plan="held", held_ms=4000.0, policy_note="held prefill.max_hold_s"),
+        rec("n", 20, 5),
+        rec("odd", 30, 5, prefill_plan="queued"),
+    ]
+    rows = table(record_tables.policy_table(records))
+    assert rows["held, then forwarded (defer)"] == (2, (50.0, 3.0, 4.0))
+    assert rows["fed in pieces (chunk)"] == (0, (0.0, None, None))
+    assert rows["plan queued"][0] == 1
 
 
 def write_log(path: Path, records: list[dict[str, Any]], extra: str = "") -> Path:
@@ -302,3 +446,53 @@ def test_cli_bad_input_is_one_line(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_compare_pairs_rows_in_order_and_a_missing_row_has_no_samples() -> None:
+    from proxy.report.cells import compact, paired_rows
+
+    off = record_tables.notes_table([rec("a", 0, 1)])
+    chunk = record_tables.notes_table([chunked("cold", 0, 10), rec("b", 5, 1)])
+    labels = [label for label, _, _ in paired_rows(off, chunk)]
+    assert labels[:2] == ["no note (not cold, or policy off)",
+                          "released after pieces: the rest fits one piece"]
+    assert labels[-1] == "failed open, all kinds (the policy did not apply)"
+    assert compact(off, None) == "0"
+    turns = tables.turns_table([], Thresholds())
+    assert compact(turns, None) == "- / - / - (0)"
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "html", "json"])
+def test_compare_of_off_and_chunk_logs_in_every_format(
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ov = {"id": "cold", "new_tokens": 3124, "from_ms": 0, "to_ms": 4000,
+          "decode_events": 8, "decode_ms": 4000}
+    off = write_log(tmp_path / "off.jsonl", [
+        rec("cold", 0, 10, wait=0.0, prefill=4.0, prompt_n=3300, client="ann"),
+        rec("s", 1, 10, wait=0.0, prefill=0.1, overlaps=[ov]),
+    ])
+    chunk = write_log(tmp_path / "chunk.jsonl", [
+        chunked("cold", 0, 10, wait=4.0, prefill=0.1, client="ann"),
+        rec("s", 1, 10, wait=0.0, prefill=0.1, overlaps=[ov], est_new_tokens=100),
+    ])
+    argv = ["report", "--compare", str(off), str(chunk), "--long-prefill", "1000",
+            "--big-new", "1000", "--format", fmt]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        reports = json.loads(out)["reports"]
+        est = next(t for t in reports[1]["tables"] if t["key"] == "estimate")
+        assert est["rows"][0]["values"][0] == 13.0  # median of 26 and 0
+        notes = next(t for t in reports[1]["tables"] if t["key"] == "policy_notes")
+        failed = {r["label"]: r["n"] for r in notes["rows"]}
+        assert failed["failed open, all kinds (the policy did not apply)"] == 0
+        return
+    assert "released after pieces: the rest fits one piece" in out
+    assert "fed in pieces (chunk)" in out
+    assert "chunk: 12 pieces fed ahead, 3,072 prompt tokens computed in them" in out
+    assert "policy failed open" not in out and "held (count)" not in out
+    # the chunked cold turn is a source of a long prefill in both logs, and no short turn
+    line = next(x for x in out.splitlines() if "first turn of a client" in x)
+    assert "(1)" in line and line.count("(1)") == 2
+    assert "3,124" in line and "3,300" in line

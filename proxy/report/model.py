@@ -31,8 +31,11 @@ class Span:
     prefill_start: float | None = None
     first_token: float | None = None
     prompt_n: int | None = None
-    """Prompt tokens the server computed (cache excluded)."""
+    """Prompt tokens the server computed for the request itself (cache excluded)."""
     cache_n: int | None = None
+    """Prompt tokens the server reused from its cache (pieces fed ahead included)."""
+    fed_n: int = 0
+    """Prompt tokens computed ahead of the request, in pieces fed by slotwise's `chunk` policy."""
     predicted_n: int | None = None
     prompt_ms: float | None = None
     predicted_ms: float | None = None
@@ -46,6 +49,16 @@ class Span:
     segments: tuple[Segment, ...] = ()
     info: tuple[tuple[str, str], ...] = ()
     """Extra figures shown when hovering this span in a timeline."""
+
+    @property
+    def new_n(self) -> int | None:
+        """The prompt tokens computed for this turn: by the request itself plus its pieces."""
+        return None if self.prompt_n is None else self.prompt_n + self.fed_n
+
+    @property
+    def cached_n(self) -> int | None:
+        """The prompt tokens that were in the cache before the turn arrived (its pieces excluded)."""
+        return None if self.cache_n is None else max(0, self.cache_n - self.fed_n)
 
     @property
     def total_s(self) -> float:

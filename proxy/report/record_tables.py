@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from proxy.report.model import Row, Table, quantile
-from proxy.report.records import Record, num, timing
+from proxy.report.records import Record, fed_tokens, new_tokens, num
 
 
 def decode_rate_table(records: Sequence[Record], long_prefill: int) -> Table:
@@ -68,32 +68,133 @@ def _split_decode(record: Record, threshold: int) -> tuple[tuple[float, float], 
 
 
 def requests_table(records: Sequence[Record]) -> Table:
-    """Outcomes, LoRA rewrites and the prefill policy's actions."""
-    rows = [Row("requests", len(records), (None,))]
+    """Outcomes and LoRA rewrites: counts only."""
+    rows = [Row("requests", len(records), ())]
     outcomes = Counter(str(r.get("outcome")) for r in records)
-    rows += [Row(f"outcome {k}", v, (None,)) for k, v in sorted(outcomes.items())]
-    rows.append(Row("LoRA rewritten", sum(1 for r in records if r.get("lora_rewritten")), (None,)))
-    plans = Counter(str(r.get("prefill_plan") or "none") for r in records)
-    for plan, count in sorted(plans.items()):
-        held = [num(r, "held_ms") or 0.0 for r in records if (r.get("prefill_plan") or "none") == plan]
-        rows.append(Row(f"prefill plan {plan}", count, (sum(held) / 1000,)))
-    pieces = sum(int(num(r, "pieces") or 0) for r in records)
-    rows.append(Row("prompt pieces fed ahead", pieces, (None,)))
-    notes = sum(1 for r in records if r.get("policy_note"))
-    rows.append(Row("policy failed open (policy_note)", notes, (None,)))
+    rows += [Row(f"outcome {k}", v, ()) for k, v in sorted(outcomes.items())]
+    rows.append(Row("LoRA rewritten", sum(1 for r in records if r.get("lora_rewritten")), ()))
+    return Table("requests", "Requests and LoRA rewrites", (), (), tuple(rows), n_label="requests")
+
+
+PLANS = (
+    ("none", "forwarded at once"),
+    ("held", "held, then forwarded (defer)"),
+    ("chunked", "fed in pieces (chunk)"),
+)
+
+
+def policy_table(records: Sequence[Record]) -> Table:
+    """What the prefill policy did to each request (`prefill_plan`), and how long it held them."""
+    rows = []
+    known = {plan for plan, _ in PLANS}
+    by_plan: dict[str, list[Record]] = {}
+    for r in records:
+        by_plan.setdefault(str(r.get("prefill_plan") or "none"), []).append(r)
+    labels = [*PLANS, *((p, f"plan {p}") for p in sorted(by_plan) if p not in known)]
+    for plan, label in labels:
+        group = by_plan.get(plan, [])
+        held = [(num(r, "held_ms") or 0.0) / 1000 for r in group]
+        share = 100 * len(group) / len(records) if records else None
+        if plan == "none":  # never held: no held time to show
+            rows.append(Row(label, len(group), (share, None, None)))
+        else:
+            rows.append(Row(label, len(group), (share, *_held(held))))
+    chunked = by_plan.get("chunked", [])
+    pieces = sum(int(num(r, "pieces") or 0) for r in chunked)
+    fed = sum(fed_tokens(r) for r in chunked)
+    if not chunked:
+        note = ""
+    elif any("fed_tokens" in r for r in chunked):
+        note = f"chunk: {pieces:,} pieces fed ahead, {fed:,} prompt tokens computed in them"
+    else:
+        note = f"chunk: {pieces:,} pieces fed ahead (their tokens unknown: no fed_tokens in this log)"
     return Table(
-        "requests",
-        "Requests, LoRA rewrites and prefill policy",
-        ("held",),
-        ("s",),
+        "prefill_plan",
+        "Prefill policy: what it did to each request (prefill_plan)",
+        ("share", "median held", "max held"),
+        ("%", "s", "s"),
         tuple(rows),
-        n_label="count",
+        note=note,
+        n_label="requests",
+    )
+
+
+def _held(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.median(values), max(values)
+
+
+# What `policy_note` says, by kind (the texts come from proxy/prefill/gate.py and policy.py).
+# The policy leaves no note for its usual cases ("not cold", mode off).
+NOTE_KINDS = (
+    ("released after pieces: the rest fits one piece", False),
+    ("released after pieces: nobody generating", False),
+    ("cold, admitted whole: nobody generating", False),
+    ("cold, admitted whole: fits one piece", False),
+    ("held until others finished (defer)", False),
+    ("held until prefill.max_hold_s (defer)", False),
+    ("released by a reload (prefill.mode off)", False),
+    ("other note", False),
+    ("failed open: not estimated", True),
+    ("failed open: piece failed", True),
+    ("failed open: internal error", True),
+)
+
+
+def note_kind(note: str) -> str:
+    """The kind of a `policy_note` (one of NOTE_KINDS' labels)."""
+    if note.startswith("not estimated"):
+        return "failed open: not estimated"
+    if note.startswith("internal error") or (
+        note.startswith("piece failed") and "internal error" in note
+    ):
+        return "failed open: internal error"
+    if note.startswith("piece failed"):
+        return "failed open: piece failed"
+    if note.startswith("held until others finished"):
+        return "held until others finished (defer)"
+    if note.startswith("held prefill.max_hold_s") or "max_hold" in note:
+        return "held until prefill.max_hold_s (defer)"
+    if "(reload)" in note:
+        return "released by a reload (prefill.mode off)"
+    if note.startswith("cold, "):
+        if "nobody generating" in note:
+            return "cold, admitted whole: nobody generating"
+        if "fits one piece" in note:
+            return "cold, admitted whole: fits one piece"
+    elif " pieces (" in note:
+        if note.startswith("rest fits one piece"):
+            return "released after pieces: the rest fits one piece"
+        if note.startswith("nobody generating"):
+            return "released after pieces: nobody generating"
+    return "other note"
+
+
+def notes_table(records: Sequence[Record]) -> Table:
+    """Why the policy released or admitted each request, and when it did not apply (failed open)."""
+    kinds = Counter(
+        note_kind(note) for r in records if isinstance(note := r.get("policy_note"), str) and note
+    )
+    noted = sum(kinds.values())
+    rows = [Row("no note (not cold, or policy off)", len(records) - noted, ())]
+    # Fail-open rows are always shown, also when 0: that is the figure to watch.
+    rows += [Row(label, kinds[label], ()) for label, fail in NOTE_KINDS if kinds[label] or fail]
+    failed = sum(kinds[label] for label, fail in NOTE_KINDS if fail)
+    rows.append(Row("failed open, all kinds (the policy did not apply)", failed, ()))
+    return Table(
+        "policy_notes",
+        "Prefill policy: why it released or admitted requests (policy_note)",
+        (),
+        (),
+        tuple(rows),
+        n_label="requests",
     )
 
 
 def estimate_table(records: Sequence[Record]) -> Table:
-    """est_new_tokens against the server's prompt_n."""
-    pairs = [(num(r, "est_new_tokens"), timing(r, "prompt_n")) for r in records]
+    """est_new_tokens against the new tokens the server computed (prompt_n + fed_tokens)."""
+    pairs = [(num(r, "est_new_tokens"), new_tokens(r)) for r in records]
     known = [(e, a) for e, a in pairs if e is not None and a is not None]
     errors = [e - a for e, a in known]
     rel = [abs(e - a) / a for e, a in known if a > 0]
@@ -110,7 +211,7 @@ def estimate_table(records: Sequence[Record]) -> Table:
     )
     return Table(
         "estimate",
-        "Estimate accuracy (est_new_tokens vs timings.prompt_n)",
+        "Estimate accuracy (est_new_tokens vs timings.prompt_n + fed_tokens)",
         ("median error", "p95 |error|", "max |error|", "within 10%"),
         ("tok", "tok", "tok", "%"),
         (row,),

@@ -105,6 +105,17 @@ def timing(record: Record, key: str) -> float | None:
     return num(timings, key) if isinstance(timings, Mapping) else None
 
 
+def fed_tokens(record: Record) -> int:
+    """Prompt tokens computed ahead of the request in pieces (`chunk` policy); 0 in older logs."""
+    return int(num(record, "fed_tokens") or 0)
+
+
+def new_tokens(record: Record) -> float | None:
+    """The prompt tokens the server computed for a request: `timings.prompt_n` plus its pieces."""
+    prompt_n = timing(record, "prompt_n")
+    return None if prompt_n is None else prompt_n + fed_tokens(record)
+
+
 def is_turn(record: Record) -> bool:
     """A generation request that completed: what the field report calls a turn."""
     return record.get("kind") in COMPLETION_KINDS and record.get("outcome") == "done"
@@ -140,6 +151,7 @@ def record_to_span(record: Record) -> Span:
         first_token=None if ttft is None else t0 + ttft / 1000,
         prompt_n=_int(timing(record, "prompt_n")),
         cache_n=_int(timing(record, "cache_n")),
+        fed_n=fed_tokens(record),
         predicted_n=_int(timing(record, "predicted_n")),
         prompt_ms=timing(record, "prompt_ms"),
         predicted_ms=timing(record, "predicted_ms"),
@@ -171,6 +183,9 @@ def _segments(record: Record, t0: float) -> Iterable[Segment]:
             yield Segment(t0 + start / 1000, t0 + end / 1000, events / (ms / 1000), why)
 
 
+_POLICY_KEYS = ("held_ms", "pieces", "fed_tokens", "est_new_tokens", "policy_note")
+
+
 def _info(record: Record) -> tuple[tuple[str, str], ...]:
     keys = (
         "id",
@@ -188,6 +203,8 @@ def _info(record: Record) -> tuple[tuple[str, str], ...]:
         "lora_rewritten",
     )
     pairs = [(k, str(record.get(k))) for k in keys if record.get(k) is not None]
+    # The policy's figures only where it acted or said something.
+    pairs += [(k, str(record.get(k))) for k in _POLICY_KEYS if record.get(k)]
     for k in ("prompt_n", "cache_n", "predicted_n"):
         value = timing(record, k)
         if value is not None:

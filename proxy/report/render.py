@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from proxy.report.cells import compact, compact_header, header, paired_rows, paired_tables, row_cells
+from proxy.report.cells import compact, compact_legend, header, paired_rows, paired_tables, row_cells
 from proxy.report.model import Report, Table
 
 
@@ -90,7 +90,7 @@ def grids(reports: Sequence[Report], names: Sequence[str]) -> list[Grid]:
         ]
     grids: list[Grid] = []
     for a, b in paired_tables(reports[0], reports[1]):
-        head = [""] + [compact_header(a, n) for n in names]
+        head = [compact_legend(a), *names]
         rows = [[label, compact(a, ra), compact(b or a, rb)] for label, ra, rb in paired_rows(a, b)]
         notes = [f"{n}: {t.note}" for n, t in zip(names, (a, b), strict=True) if t and t.note]
         grids.append((a.title, head, rows, "; ".join(notes)))

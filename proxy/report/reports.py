@@ -29,6 +29,8 @@ def timing_report(title: str, records: Sequence[Record], log: TimingLog | None, 
         tables.ttft_table(turns, index, th),
         tables.sources_table(spans, th),
         record_tables.requests_table(records),
+        record_tables.policy_table(records),
+        record_tables.notes_table(records),
         record_tables.estimate_table(records),
     )
     remarks = []

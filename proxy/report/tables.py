@@ -46,7 +46,7 @@ def turns_table(turns: Sequence[Span], th: Thresholds) -> Table:
         _stat_row(f"of which >= {th.cache_hit:.0%} cached", where(lambda s: _hit(s, th)), (0.5, 0.95)),
         _stat_row(
             f"of which >= {th.big_new:,} new tokens",
-            where(lambda s: (s.prompt_n or 0) >= th.big_new),
+            where(lambda s: (s.new_n or 0) >= th.big_new),
             (0.5, 0.95),
         ),
     ]
@@ -57,9 +57,11 @@ def turns_table(turns: Sequence[Span], th: Thresholds) -> Table:
 
 
 def _hit(span: Span, th: Thresholds) -> bool:
+    """At least `cache_hit` of the prompt was cached when the turn arrived: tokens its own pieces
+    put in the cache do not count (a chunked cold turn is no cache hit)."""
     if span.prompt_n is None or span.cache_n is None or span.prompt_n + span.cache_n == 0:
         return False
-    return span.cache_n / (span.prompt_n + span.cache_n) >= th.cache_hit
+    return (span.cached_n or 0) / (span.prompt_n + span.cache_n) >= th.cache_hit
 
 
 def alone_rates(turns: Sequence[Span], index: SpanIndex) -> tuple[float | None, float | None, int]:
@@ -91,7 +93,7 @@ def time_split_table(turns: Sequence[Span], index: SpanIndex) -> Table:
             note="no turn ran alone with both prefill and decode: no rates to compare against",
         )
     own_decode = sum((s.predicted_n or 0) / decode_rate for s in turns)
-    own_prefill = sum((s.prompt_n or 0) / prefill_rate for s in turns)
+    own_prefill = sum((s.new_n or 0) / prefill_rate for s in turns)  # pieces included
     total = sum(s.total_s for s in turns)
     parts = (own_decode, own_prefill, total - own_decode - own_prefill, total)
     rows = tuple(
@@ -114,8 +116,10 @@ def contention(span: Span, index: SpanIndex, big_new: int) -> str:
     others = list(index.active(span.start, end, span.key))
     for other in others:
         o_end = other.first_token if other.first_token is not None else other.end
-        o_start = other.prefill_start if other.prefill_start is not None else other.start
-        if (other.prompt_n or 0) >= big_new and o_start < end and o_end > span.start:
+        # A chunked prompt's computation starts with its first piece, some time after its
+        # arrival; the record does not say when, so its whole life counts.
+        o_start = other.start if other.fed_n or other.prefill_start is None else other.prefill_start
+        if (other.new_n or 0) >= big_new and o_start < end and o_end > span.start:
             return "long"
     return "others" if others else "alone"
 
@@ -123,7 +127,7 @@ def contention(span: Span, index: SpanIndex, big_new: int) -> str:
 def ttft_table(turns: Sequence[Span], index: SpanIndex, th: Thresholds) -> Table:
     groups: dict[str, list[float]] = defaultdict(list)
     for s in turns:
-        if s.ttft_s is not None and s.prompt_n is not None and s.prompt_n < th.short_new:
+        if s.ttft_s is not None and s.new_n is not None and s.new_n < th.short_new:
             groups[contention(s, index, th.big_new)].append(s.ttft_s)
     labels = {
         "alone": "nothing else running",
@@ -181,8 +185,8 @@ def sources_table(spans: Sequence[Span], th: Thresholds) -> Table:
     groups: dict[str, list[int]] = defaultdict(list)
     last: dict[str, Span] = {}
     for s in sorted(spans, key=lambda x: x.start):
-        if (s.prompt_n or 0) >= th.big_new:
-            groups[_source(s, last.get(s.client or ""), th)].append(s.prompt_n or 0)
+        if (s.new_n or 0) >= th.big_new:
+            groups[_source(s, last.get(s.client or ""), th)].append(s.new_n or 0)
         if s.client is not None:
             last[s.client] = s
     rows = tuple(

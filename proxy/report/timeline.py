@@ -101,7 +101,7 @@ def layout(spans: Sequence[Span], big_new: int = 5000, stall_fraction: float = 0
 def _phases(s: Span, big_new: int) -> list[tuple[float, float, str]]:
     if s.prefill_start is None or s.first_token is None:
         return [(s.start, s.end, "unknown")]
-    prefill = "long prefill" if (s.prompt_n or 0) >= big_new else "prefill"
+    prefill = "long prefill" if (s.new_n or 0) >= big_new else "prefill"
     return [
         (s.start, s.prefill_start, "wait"),
         (s.prefill_start, s.first_token, prefill),
