@@ -496,3 +496,18 @@ def test_compare_of_off_and_chunk_logs_in_every_format(
     line = next(x for x in out.splitlines() if "first turn of a client" in x)
     assert "(1)" in line and line.count("(1)") == 2
     assert "3,124" in line and "3,300" in line
+
+
+def test_waits_leave_out_a_turn_fed_in_pieces() -> None:
+    records = [rec("run", 0, 100), chunked("cold", 1, 10, wait=4.0, inflight_at_start=["run"])]
+    spans, index = spans_of(*records)
+    t = tables.waits_table(spans, index, Thresholds())
+    assert sum(n for n, _ in table(t).values()) == 0
+    assert t.note.startswith("left out: 1 request(s) fed in pieces")
+
+
+def test_a_log_without_fed_tokens_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = {k: v for k, v in chunked("cold", 0, 10).items() if k != "fed_tokens"}
+    path = write_log(tmp_path / "old.jsonl", [old, rec("b", 5, 1)])
+    assert main(["report", str(path)]) == 0
+    assert "1 record(s) fed in pieces have no fed_tokens" in capsys.readouterr().out

@@ -36,6 +36,8 @@ class Span:
     """Prompt tokens the server reused from its cache (pieces fed ahead included)."""
     fed_n: int = 0
     """Prompt tokens computed ahead of the request, in pieces fed by slotwise's `chunk` policy."""
+    pieces: int = 0
+    """How many such pieces (their computation started some time between arrival and prefill)."""
     predicted_n: int | None = None
     prompt_ms: float | None = None
     predicted_ms: float | None = None

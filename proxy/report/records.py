@@ -152,6 +152,7 @@ def record_to_span(record: Record) -> Span:
         prompt_n=_int(timing(record, "prompt_n")),
         cache_n=_int(timing(record, "cache_n")),
         fed_n=fed_tokens(record),
+        pieces=int(num(record, "pieces") or 0),
         predicted_n=_int(timing(record, "predicted_n")),
         prompt_ms=timing(record, "prompt_ms"),
         predicted_ms=timing(record, "predicted_ms"),

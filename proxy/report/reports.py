@@ -42,6 +42,12 @@ def timing_report(title: str, records: Sequence[Record], log: TimingLog | None, 
         )
     if not records:
         remarks.append("no records in the selected range")
+    old = sum(1 for r in records if r.get("pieces") and "fed_tokens" not in r)
+    if old:
+        remarks.append(
+            f"{old} record(s) fed in pieces have no fed_tokens (written by an older slotwise): "
+            "their new tokens count only timings.prompt_n, the rest after the pieces"
+        )
     return Report(title, report_tables, tuple(remarks))
 
 

@@ -118,7 +118,7 @@ def contention(span: Span, index: SpanIndex, big_new: int) -> str:
         o_end = other.first_token if other.first_token is not None else other.end
         # A chunked prompt's computation starts with its first piece, some time after its
         # arrival; the record does not say when, so its whole life counts.
-        o_start = other.start if other.fed_n or other.prefill_start is None else other.prefill_start
+        o_start = other.start if other.pieces or other.prefill_start is None else other.prefill_start
         if (other.new_n or 0) >= big_new and o_start < end and o_end > span.start:
             return "long"
     return "others" if others else "alone"
@@ -146,9 +146,13 @@ def ttft_table(turns: Sequence[Span], index: SpanIndex, th: Thresholds) -> Table
 
 def waits_table(spans: Sequence[Span], index: SpanIndex, th: Thresholds) -> Table:
     groups: dict[str, list[float]] = defaultdict(list)
+    fed = 0
     for s in spans:
         wait = s.wait_s
         if wait is not None and wait >= th.min_wait_s:
+            if s.pieces:  # its "wait" includes the computing of its pieces: not a wait
+                fed += 1
+                continue
             groups[_running_kind(s, index)].append(wait)
     labels = (
         "requests with other LoRA settings",
@@ -167,6 +171,8 @@ def waits_table(spans: Sequence[Span], index: SpanIndex, th: Thresholds) -> Tabl
         ("total", "max"),
         ("s", "s"),
         rows,
+        note=f"left out: {fed} request(s) fed in pieces ahead (chunk), whose time before the "
+        "prefill of the rest was mostly the computing of their pieces" if fed else "",
     )
 
 
