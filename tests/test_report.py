@@ -511,3 +511,13 @@ def test_a_log_without_fed_tokens_says_so(tmp_path: Path, capsys: pytest.Capture
     path = write_log(tmp_path / "old.jsonl", [old, rec("b", 5, 1)])
     assert main(["report", str(path)]) == 0
     assert "1 record(s) fed in pieces have no fed_tokens" in capsys.readouterr().out
+
+
+def test_compare_says_a_note_both_tables_share_once() -> None:
+    from proxy.report.model import Report
+    from proxy.report.render import grids
+
+    t = tables.time_split_table(*spans_of(rec("a", 0, 10), rec("b", 1, 10)))
+    (grid,) = grids([Report("x", (t,)), Report("y", (t,))], ["off", "chunk"])
+    assert grid[1] == ["seconds / share (n)", "off", "chunk"]
+    assert grid[3] == t.note

@@ -92,8 +92,11 @@ def grids(reports: Sequence[Report], names: Sequence[str]) -> list[Grid]:
     for a, b in paired_tables(reports[0], reports[1]):
         head = [compact_legend(a), *names]
         rows = [[label, compact(a, ra), compact(b or a, rb)] for label, ra, rb in paired_rows(a, b)]
-        notes = [f"{n}: {t.note}" for n, t in zip(names, (a, b), strict=True) if t and t.note]
-        grids.append((a.title, head, rows, "; ".join(notes)))
+        if b is not None and a.note == b.note:
+            note = a.note  # the same for both: said once
+        else:
+            note = "; ".join(f"{n}: {t.note}" for n, t in zip(names, (a, b), strict=True) if t and t.note)
+        grids.append((a.title, head, rows, note))
     return grids
 
 
