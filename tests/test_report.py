@@ -521,3 +521,23 @@ def test_compare_says_a_note_both_tables_share_once() -> None:
     (grid,) = grids([Report("x", (t,)), Report("y", (t,))], ["off", "chunk"])
     assert grid[1] == ["seconds / share (n)", "off", "chunk"]
     assert grid[3] == t.note
+
+
+def test_ttft_a_chunked_peer_counts_from_its_first_piece() -> None:
+    from proxy.report.records import first_pieces
+
+    # cold arrives at 0; its first piece begins at 3 s, as s2's overlap (from 1 s after s2's
+    # arrival at 2 s) tells. s1's first token (at 1.5 s) came before: not inside a long prefill.
+    ov = {"id": "cold", "new_tokens": 3124, "from_ms": 1000, "to_ms": 4000,
+          "decode_events": 3, "decode_ms": 3000}
+    records = [
+        chunked("cold", 0, 20, wait=8.0, prefill=0.1),
+        rec("s1", 1, 5, wait=0.0, prefill=0.5),
+        rec("s2", 2, 6, wait=0.0, prefill=1.5, overlaps=[ov]),  # first token at 3.5 s
+    ]
+    pieces = first_pieces(records)
+    assert pieces == {"cold": pytest.approx(T0 + 3.0)}
+    spans = [record_to_span(r, pieces) for r in records]
+    rows = table(tables.ttft_table(spans, SpanIndex(spans), Thresholds(big_new=1000)))
+    assert rows["overlapping other requests"][0] == 1
+    assert rows["overlapping a prefill of >= 1,000 tokens"][0] == 1

@@ -38,6 +38,8 @@ class Span:
     """Prompt tokens computed ahead of the request, in pieces fed by slotwise's `chunk` policy."""
     pieces: int = 0
     """How many such pieces (their computation started some time between arrival and prefill)."""
+    first_piece: float | None = None
+    """When the first piece began, if other records' overlaps tell; else None."""
     predicted_n: int | None = None
     prompt_ms: float | None = None
     predicted_ms: float | None = None
@@ -61,6 +63,14 @@ class Span:
     def cached_n(self) -> int | None:
         """The prompt tokens that were in the cache before the turn arrived (its pieces excluded)."""
         return None if self.cache_n is None else max(0, self.cache_n - self.fed_n)
+
+    @property
+    def compute_start(self) -> float:
+        """When the server began computing this prompt: its first piece, else its prefill. A
+        turn fed in pieces whose first piece is unknown counts from its arrival."""
+        if self.pieces:
+            return self.first_piece if self.first_piece is not None else self.start
+        return self.prefill_start if self.prefill_start is not None else self.start
 
     @property
     def total_s(self) -> float:

@@ -138,7 +138,25 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def record_to_span(record: Record) -> Span:
+def first_pieces(records: Iterable[Record]) -> dict[str, float]:
+    """When each request fed in pieces began its first piece (epoch s), from the others' records:
+    an overlap that begins after another request's arrival (`from_ms` > 0) begins exactly when
+    the prefill, i.e. the first piece, began."""
+    fed = {str(r.get("id")) for r in records if r.get("pieces")}
+    found: dict[str, float] = {}
+    for record in records:
+        for ov in record.get("overlaps") or ():
+            if not isinstance(ov, Mapping) or str(ov.get("id")) not in fed:
+                continue
+            from_ms = num(ov, "from_ms")
+            if from_ms:
+                at = start_of(record) + from_ms / 1000
+                key = str(ov.get("id"))
+                found[key] = min(found.get(key, at), at)
+    return found
+
+
+def record_to_span(record: Record, first_piece: Mapping[str, float] | None = None) -> Span:
     t0 = start_of(record)
     wait, ttft = num(record, "prefill_wait_ms"), num(record, "ttft_ms")
     total = num(record, "total_ms") or 0.0
@@ -153,6 +171,7 @@ def record_to_span(record: Record) -> Span:
         cache_n=_int(timing(record, "cache_n")),
         fed_n=fed_tokens(record),
         pieces=int(num(record, "pieces") or 0),
+        first_piece=(first_piece or {}).get(str(record.get("id"))),
         predicted_n=_int(timing(record, "predicted_n")),
         prompt_ms=timing(record, "prompt_ms"),
         predicted_ms=timing(record, "predicted_ms"),

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from proxy.report import record_tables, tables, task_tables
 from proxy.report.model import Report, Span
-from proxy.report.records import Record, TimingLog, is_turn, record_to_span
+from proxy.report.records import Record, TimingLog, first_pieces, is_turn, record_to_span
 from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
@@ -14,11 +14,12 @@ from proxy.report.tasks import Task
 
 
 def timing_report(title: str, records: Sequence[Record], log: TimingLog | None, th: Thresholds) -> Report:
-    spans = [record_to_span(r) for r in records]
+    pieces = first_pieces(log.records if log is not None else records)
+    spans = [record_to_span(r, pieces) for r in records]
     index = SpanIndex(spans)
     # The ids of `inflight_at_start` may name requests outside the selected range.
     if log is not None:
-        index.by_key.update({s.key: s for s in map(record_to_span, log.records)})
+        index.by_key.update({s.key: s for s in (record_to_span(r, pieces) for r in log.records)})
     turns = [s for s, r in zip(spans, records, strict=True) if is_turn(r)]
     report_tables = (
         tables.overview_table(turns, index),

@@ -116,9 +116,7 @@ def contention(span: Span, index: SpanIndex, big_new: int) -> str:
     others = list(index.active(span.start, end, span.key))
     for other in others:
         o_end = other.first_token if other.first_token is not None else other.end
-        # A chunked prompt's computation starts with its first piece, some time after its
-        # arrival; the record does not say when, so its whole life counts.
-        o_start = other.start if other.pieces or other.prefill_start is None else other.prefill_start
+        o_start = other.compute_start  # a prompt fed in pieces: from its first piece
         if (other.new_n or 0) >= big_new and o_start < end and o_end > span.start:
             return "long"
     return "others" if others else "alone"
