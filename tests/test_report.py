@@ -303,7 +303,7 @@ def test_policy_notes_by_kind_only_failures_count_as_failed_open() -> None:
     records += [rec("quiet", 50, 1), rec("null", 51, 1, policy_note=None)]
     rows = table(record_tables.notes_table(records))
     assert {label: n for label, (n, _) in rows.items()} == {
-        "no note (not cold, or policy off)": 2,
+        "no note (not cold, policy off, or not generating)": 2,
         "released after pieces: the rest fits one piece": 1,
         "released after pieces: nobody generating": 1,
         "cold, admitted whole: nobody generating": 1,
@@ -454,7 +454,7 @@ def test_compare_pairs_rows_in_order_and_a_missing_row_has_no_samples() -> None:
     off = record_tables.notes_table([rec("a", 0, 1)])
     chunk = record_tables.notes_table([chunked("cold", 0, 10), rec("b", 5, 1)])
     labels = [label for label, _, _ in paired_rows(off, chunk)]
-    assert labels[:2] == ["no note (not cold, or policy off)",
+    assert labels[:2] == ["no note (not cold, policy off, or not generating)",
                           "released after pieces: the rest fits one piece"]
     assert labels[-1] == "failed open, all kinds (the policy did not apply)"
     assert compact(off, None) == "0"

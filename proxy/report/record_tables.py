@@ -177,7 +177,7 @@ def notes_table(records: Sequence[Record]) -> Table:
         note_kind(note) for r in records if isinstance(note := r.get("policy_note"), str) and note
     )
     noted = sum(kinds.values())
-    rows = [Row("no note (not cold, or policy off)", len(records) - noted, ())]
+    rows = [Row("no note (not cold, policy off, or not generating)", len(records) - noted, ())]
     # Fail-open rows are always shown, also when 0: that is the figure to watch.
     rows += [Row(label, kinds[label], ()) for label, fail in NOTE_KINDS if kinds[label] or fail]
     failed = sum(kinds[label] for label, fail in NOTE_KINDS if fail)
