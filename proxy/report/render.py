@@ -40,7 +40,7 @@ def to_markdown(reports: Sequence[Report], names: Sequence[str]) -> str:
         lines += [
             f"## {title}",
             "",
-            "| " + " | ".join(head) + " |",
+            "| " + " | ".join(h.replace("|", "\\|") for h in head) + " |",
             "|" + "|".join("---" for _ in head) + "|",
         ]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
