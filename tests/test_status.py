@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,18 +81,21 @@ async def test_status_shows_a_decoding_stream_the_slots_and_the_recent_figures(
     await started.wait()
     await asyncio.sleep(0.3)
     async with aiohttp.ClientSession() as session:
+        began = time.monotonic()
         first = await get_status(session, proxy.url)
         for _ in range(5):
             await get_status(session, proxy.url)
         await asyncio.sleep(0.2)
         status = await get_status(session, proxy.url)
+        polls, span = list(upstream[1]), time.monotonic() - began
         await stream
         after = await get_status(session, proxy.url)
     (flight,) = first["flights"]
     assert flight["phase"] == "decoding" and flight["purpose"] == "roleplay"
     assert flight["client"] == "ann" and 5 < flight["rate"] < 40  # 50 ms a token
     assert first["counts"]["decoding"] == 1 and first["config_gen"] == 1
-    assert upstream[1] == ["/slots"]  # seven status calls within a second: one poll
+    # seven status calls, at most one /slots poll a second (one, unless the machine is slow)
+    assert polls and set(polls) == {"/slots"} and len(polls) <= 1 + int(span)
     assert [s["state"] for s in status["slots"]["slots"]] == [
         "decoding", "waiting/prefilling", "idle"]
     assert after["flights"] == [] and after["recent"]["summary"]["requests"] == 1
