@@ -18,7 +18,7 @@ import orjson
 from rich.console import Console
 from rich.pretty import Pretty
 
-from proxy.config import ConfigError, config_to_dict, load_config
+from proxy.config import Config, ConfigError, config_to_dict, load_config
 
 
 def register(subparsers: Any) -> None:
@@ -36,11 +36,18 @@ def register(subparsers: Any) -> None:
     reload.set_defaults(handler=run_reload)
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def _load(path: str, consequence: str = "") -> Config | None:
+    """The config at `path`, or None after saying on stderr what is wrong with it."""
     try:
-        config = load_config(args.config)
+        return load_config(path)
     except ConfigError as exc:
-        print(f"slotwise: config error: {exc}", file=sys.stderr)
+        print(f"slotwise: config error: {exc}{consequence}", file=sys.stderr)
+        return None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
         return 2
     logging.basicConfig(level=config.log.level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,10 +66,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_check_config(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.path)
-    except ConfigError as exc:
-        print(f"slotwise: config error: {exc}", file=sys.stderr)
+    config = _load(args.path)
+    if config is None:
         return 2
     console = Console()
     console.print(f"[green]{args.path}: valid[/green]; the effective config:")
@@ -72,10 +77,8 @@ def run_check_config(args: argparse.Namespace) -> int:
 
 def run_reload(args: argparse.Namespace) -> int:
     """Check the file, signal the slotwise listening where it says, and report what it did."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"slotwise: config error: {exc}\nslotwise: nothing was reloaded", file=sys.stderr)
+    config = _load(args.config, "\nslotwise: nothing was reloaded")
+    if config is None:
         return 2
     if config.listen.port == 0 and not args.url:
         print("slotwise: listen.port is 0 (a port the system picks): give slotwise's URL "
