@@ -7,7 +7,6 @@ and checks a reloaded config before it applies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -16,6 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.background import background
 from proxy.config import Config
 from proxy.lora import (
     LoraArray,
@@ -191,14 +191,9 @@ async def _lifecycle(app: web.Application, *, interval_s: float,
     state.reload_checks.append(check)
     if needs_server(state.config.lora):
         await first_read(state, profile)
-    task = asyncio.create_task(_watch_after(state, profile, interval_s, retry_s),
-                               name="slotwise-lora-watch")
-    try:
+    async with background(_watch_after(state, profile, interval_s, retry_s),
+                          "slotwise-lora-watch"):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _watch_after(state: ProxyState, profile: LoraProfile, interval_s: float,

@@ -6,12 +6,11 @@ A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses th
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from proxy.background import background
 from proxy.config import Config
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceFeeder
@@ -40,11 +39,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.gate = gate
     state.registry.subscribe(gate.on_phase)
     state.reload_checks.append(check)
-    task = asyncio.create_task(gate.run(), name="slotwise-prefill-tick")
     try:
-        yield
+        async with background(gate.run(), "slotwise-prefill-tick"):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await gate.close()
