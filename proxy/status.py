@@ -105,7 +105,8 @@ def flight_view(flight: Flight, now: float) -> dict[str, Any]:
         "id": flight.id, "kind": str(flight.kind), "phase": str(flight.phase),
         "stream": flight.stream, "client": flight.client, "purpose": flight.purpose,
         "age_s": round(now - timer.arrived, 2), "lora": flight.lora_out,
-        "est_new_tokens": flight.est_new_tokens, "decoded": flight.decoded,
+        "est_new_tokens": flight.est_new_tokens, "fed_tokens": flight.fed_tokens,
+        "decoded": flight.decoded,
     }
     if flight.phase is Phase.PREFILLING:
         view["prefill"] = prefill_progress(flight, now)
