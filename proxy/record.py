@@ -7,7 +7,7 @@ sees prompt or generated text.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,7 +36,6 @@ class Outcome:
     pieces: int = 0
     est_prompt_tokens: int | None = None
     policy_note: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build_record(flight: Flight, out: Outcome) -> dict[str, Any]:
@@ -74,7 +73,6 @@ def build_record(flight: Flight, out: Outcome) -> dict[str, Any]:
         "est_prompt_tokens": out.est_prompt_tokens,
         "est_new_tokens": flight.est_new_tokens,
         "policy_note": out.policy_note,
-        **out.extra,
     }
 
 

@@ -6,6 +6,7 @@ itself (the JSON line) is assembled in `record.py`.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,29 +98,14 @@ def percentile(ordered: Sequence[float], pct: float) -> float:
 def worst_window_rate(times: Sequence[float], window: float = WINDOW_S) -> float | None:
     """The lowest event rate (per second) over any `window`-long stretch of the decode.
 
-    The stretch slides over [first, last]; its emptiest position starts just after an event, so it is
-    enough to try those positions (and the very start). None if the decode is shorter than `window`.
+    The stretch slides over [first, last]; its emptiest position starts at the first event or just
+    after one, so it is enough to try those positions. None if the decode is shorter than `window`.
     """
     if len(times) < 2 or times[-1] - times[0] < window:
         return None
-    fewest = _count_in(times, 0, times[0], window, inclusive_start=True)
-    end = 0
+    fewest = bisect.bisect_left(times, times[0] + window)  # events in [first, first + window)
     for i, start in enumerate(times):
         if start + window > times[-1]:
             break
-        end = max(end, i + 1)
-        while end < len(times) and times[end] <= start + window:
-            end += 1
-        fewest = min(fewest, end - i - 1)
+        fewest = min(fewest, bisect.bisect_right(times, start + window) - i - 1)  # (start, +window]
     return round(fewest / window, 2)
-
-
-def _count_in(times: Sequence[float], lo: int, start: float, window: float, *,
-              inclusive_start: bool) -> int:
-    count = 0
-    for t in times[lo:]:
-        if t >= start + window:
-            break
-        if t > start or (inclusive_start and t == start):
-            count += 1
-    return count
