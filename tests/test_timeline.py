@@ -55,6 +55,14 @@ def test_phases_long_prefill_and_stalls() -> None:
     assert tl.lanes == 2
 
 
+def test_a_prompt_fed_in_pieces_shows_as_fed_not_as_waiting() -> None:
+    cold = span("c", 10, 20, prefill_start=17, first_token=18, prompt_n=100, fed_n=2900,
+                pieces=12, first_piece=11)
+    phases = [(b.phase, b.start, b.end) for b in layout([cold], big_new=1000).bars]
+    assert phases == [("wait", 0, 1), ("fed in pieces", 1, 7), ("long prefill", 7, 8),
+                      ("decode", 8, 10)]
+
+
 def test_html_is_self_contained() -> None:
     page = timeline_html(layout([span("a", 0, 5, prefill_start=1, first_token=2)]), "t <x>")
     assert "<script" in page and "data-timeline-ready" in page

@@ -20,6 +20,7 @@ from proxy.report.records import (
     InputError,
     Record,
     TimingLog,
+    first_pieces,
     load_timing_log,
     parse_time,
     record_to_span,
@@ -132,9 +133,10 @@ def _report(args: argparse.Namespace) -> int:
     reports = [timing_report(t, recs, src, th) for t, (_n, recs, src) in zip(titles, sides, strict=True)]
     _emit(reports, names, args.format)
     if args.timeline:
-        for i, (name, recs, _src) in enumerate(sides):
+        for i, (name, recs, src) in enumerate(sides):
             path = args.timeline if len(sides) == 1 else _suffixed(args.timeline, i)
-            _draw([record_to_span(r) for r in recs], name, path, th)
+            pieces = first_pieces(src.records if src is not None else recs)
+            _draw([record_to_span(r, pieces) for r in recs], name, path, th)
     return 0
 
 

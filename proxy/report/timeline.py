@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from proxy.report.model import Span
 
-PHASES = ("wait", "prefill", "long prefill", "decode", "unknown")
+PHASES = ("wait", "fed in pieces", "prefill", "long prefill", "decode", "unknown")
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,12 @@ def _phases(s: Span, big_new: int) -> list[tuple[float, float, str]]:
     if s.prefill_start is None or s.first_token is None:
         return [(s.start, s.end, "unknown")]
     prefill = "long prefill" if (s.new_n or 0) >= big_new else "prefill"
+    # A request fed in pieces (chunk mode) waits in slotwise while its prompt is computed.
+    fed_from = s.first_piece if s.pieces and s.first_piece is not None else s.prefill_start
+    fed_from = min(max(fed_from, s.start), s.prefill_start)
     return [
-        (s.start, s.prefill_start, "wait"),
+        (s.start, fed_from, "wait"),
+        (fed_from, s.prefill_start, "fed in pieces"),
         (s.prefill_start, s.first_token, prefill),
         (s.first_token, s.end, "decode"),
     ]

@@ -13,6 +13,7 @@ from proxy.report.timeline import Timeline
 
 COLOURS = {
     "wait": "#b0b0b0",
+    "fed in pieces": "#c9a8de",
     "prefill": "#4c78a8",
     "long prefill": "#7b3fa0",
     "decode": "#59a14f",
