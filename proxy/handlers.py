@@ -185,10 +185,25 @@ class Exchange:
             await relay.stream()
         else:
             await relay.body()
+            self._place_unseen_prefill()
         if upstream.status >= 400 and self.out.outcome == "done":
             self.out.outcome = "upstream_error"
         await response.write_eof()
         return response
+
+    def _place_unseen_prefill(self) -> None:
+        """A non-streamed answer shows its prefill only in its totals: put it on the time axis
+        afterwards (it ended `predicted_ms` before the answer and lasted `prompt_ms`), so the
+        requests still in flight see it in their records' overlaps."""
+        timings, answered = self.out.timings, self.flight.timer.headers
+        if self.kind not in GENERATING or timings is None or answered is None:
+            return
+        prompt_ms, predicted_ms = timings.get("prompt_ms"), timings.get("predicted_ms")
+        if not isinstance(prompt_ms, int | float) or not isinstance(predicted_ms, int | float):
+            return
+        ended = answered - predicted_ms / 1000.0
+        self.state.registry.start_prefill(self.flight, ended - prompt_ms / 1000.0)
+        self.flight.prefill_end = ended
 
     def _close_upstream(self) -> None:
         if self.relay is not None:

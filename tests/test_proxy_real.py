@@ -239,3 +239,23 @@ async def test_back_to_back_streams_on_one_connection_all_succeed(
                 assert (await response.read()).endswith(b"data: [DONE]\n\n")
     recs = read_records(proxy, 12)
     assert [r["outcome"] for r in recs] == ["done"] * 12
+
+
+def test_a_non_streamed_prefill_shows_in_the_records_of_streams_it_overlapped(
+        server: LlamaServer, proxy: ProxyThread) -> None:
+    long_body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG_TOKENS,
+                 "ignore_eos": True}
+    first: dict[str, Any] = {}
+    thread = stream_in_thread(proxy.url, long_body, first)
+    wait_until_decoding(proxy, events=20)
+    cold = {"messages": [{"role": "user", "content": "lantern harbor " * 300}], "max_tokens": 4}
+    reply = http("POST", proxy.url + "/v1/chat/completions", json=cold)
+    thread.join()
+    assert reply.status_code == 200
+    recs = read_records(proxy, 2)
+    plain = next(r for r in recs if not r["stream"])
+    streamed = next(r for r in recs if r["stream"])
+    (seen,) = [o for o in streamed["overlaps"] if o["id"] == plain["id"]]
+    assert seen["new_tokens"] == plain["timings"]["prompt_n"] > 500
+    prefill_s = plain["timings"]["prompt_ms"] / 1000.0
+    assert abs((seen["to_ms"] - seen["from_ms"]) / 1000.0 - prefill_s) < 0.05 + 0.2 * prefill_s
