@@ -27,6 +27,16 @@ class UpstreamConfig:
     """How long to wait for a TCP connection to the upstream."""
     read_timeout_s: float = 3600.0
     """Longest silence on an upstream response. A queued stream gets no bytes until its prefill starts."""
+    api_key: str = field(default="", repr=False)
+    """The key of a llama-server run with `--api-key`, sent as `Authorization: Bearer KEY` on
+    slotwise's own calls (never on forwarded requests); "" = none. With `api_key_file`, the key
+    read from that file. Never printed: `config_to_dict` shows it as "***"."""
+    api_key_file: str = ""
+    """A file holding the key (instead of `api_key`), read at start and at every reload."""
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers slotwise's own upstream calls carry: the key, if there is one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 @dataclass(frozen=True)
@@ -127,9 +137,16 @@ def parse_config(data: Mapping[str, Any]) -> Config:
     )
 
 
+MASK = "***"
+"""What `config_to_dict` shows instead of a secret."""
+
+
 def config_to_dict(config: Config) -> dict[str, Any]:
-    """The effective config as plain data (for printing and the status page)."""
-    return dataclasses.asdict(config)
+    """The effective config as plain data (for printing and the status page), secrets masked."""
+    data = dataclasses.asdict(config)
+    if data["upstream"]["api_key"]:
+        data["upstream"]["api_key"] = MASK
+    return data
 
 
 def _table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -192,7 +209,35 @@ def _upstream(data: Mapping[str, Any]) -> UpstreamConfig:
                                   d.connect_timeout_s, low=0.1, high=600),
         read_timeout_s=_number(data, "read_timeout_s", "upstream.read_timeout_s",
                                d.read_timeout_s, low=0.1, high=86400),
+        api_key=_api_key(data),
+        api_key_file=_string(data, "api_key_file", "upstream.api_key_file", d.api_key_file),
     )
+
+
+def _api_key(data: Mapping[str, Any]) -> str:
+    """The upstream's key: `api_key`, or the content of `api_key_file`, or "" (never in a message)."""
+    key = data.get("api_key", "")
+    if not isinstance(key, str):  # the value is not shown: it may be the key
+        raise ConfigError(f"upstream.api_key: expected a string, got a {type(key).__name__}")
+    path = _string(data, "api_key_file", "upstream.api_key_file", "")
+    if key and path:
+        raise ConfigError("upstream.api_key: give at most one of 'api_key' and 'api_key_file' "
+                          "(valid: the key itself, or a file holding it)")
+    dotted = "upstream.api_key"
+    if path:
+        dotted = "upstream.api_key_file"
+        try:
+            key = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{dotted}: cannot read {path!r}: {why} (valid: a readable file "
+                              "holding the key of llama-server's --api-key)") from exc
+        if not key:
+            raise ConfigError(f"{dotted}: {path!r} is empty (valid: a file holding the key)")
+    if not key.isascii() or any(c.isspace() or not c.isprintable() for c in key):
+        raise ConfigError(f"{dotted}: the key holds whitespace, control or non-ASCII characters "
+                          "(valid: one printable ASCII word, as given to llama-server's --api-key)")
+    return key
 
 
 def _listen(data: Mapping[str, Any]) -> ListenConfig:

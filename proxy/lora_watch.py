@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 
 import aiohttp
@@ -44,12 +44,14 @@ class Unreachable(Exception):
 
 
 async def fetch_adapters(session: aiohttp.ClientSession, url: str,
-                         timeout_s: float = FETCH_TIMEOUT_S) -> tuple[ServerAdapter, ...]:
+                         timeout_s: float = FETCH_TIMEOUT_S, *,
+                         headers: Mapping[str, str] | None = None) -> tuple[ServerAdapter, ...]:
     """The upstream's adapters; Unreachable if it cannot answer now, LoraListError if it answers
-    with something that is not an adapter list."""
+    with something that is not an adapter list. `headers`: slotwise's own (the API key)."""
     where = f"GET {url}/lora-adapters"
     try:
-        async with session.get(url + "/lora-adapters", headers={"Accept-Encoding": "identity"},
+        async with session.get(url + "/lora-adapters",
+                               headers={**(headers or {}), "Accept-Encoding": "identity"},
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             status, body = response.status, await response.read()
     except TimeoutError as exc:
@@ -67,11 +69,12 @@ async def fetch_adapters(session: aiohttp.ClientSession, url: str,
 
 
 async def set_global_scales(session: aiohttp.ClientSession, url: str, array: LoraArray,
-                            timeout_s: float = FETCH_TIMEOUT_S) -> None:
+                            timeout_s: float = FETCH_TIMEOUT_S, *,
+                            headers: Mapping[str, str] | None = None) -> None:
     """`POST /lora-adapters`: make the server's global scales the profile (logged, never raised)."""
     try:
         async with session.post(url + "/lora-adapters", json=array,
-                                headers={"Accept-Encoding": "identity"},
+                                headers={**(headers or {}), "Accept-Encoding": "identity"},
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             status, body = response.status, await response.read()
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -92,7 +95,7 @@ async def _sync_global(state: ProxyState, profile: LoraProfile, url: str,
     except LoraConfigError:
         return
     if array is not None and global_differs(array, server):
-        await set_global_scales(state.session, url, array)
+        await set_global_scales(state.session, url, array, headers=state.own_headers())
 
 
 def _not_a_list(config: Config, exc: LoraListError) -> LoraConfigError:
@@ -105,7 +108,7 @@ async def refresh(state: ProxyState, profile: LoraProfile) -> bool:
     """Re-read the adapter list; log what changed. False if it could not be read."""
     url = state.upstream_url
     try:
-        server = await fetch_adapters(state.session, url)
+        server = await fetch_adapters(state.session, url, headers=state.own_headers())
     except (Unreachable, LoraListError) as exc:
         if not profile.problem:
             log.warning("cannot read the LoRA adapters of the upstream (will retry): %s", exc)
@@ -143,7 +146,8 @@ async def first_read(state: ProxyState, profile: LoraProfile) -> None:
     LoraConfigError; an unreachable one is retried in the background."""
     config = state.config
     try:
-        server = await fetch_adapters(state.session, config.upstream.url)
+        server = await fetch_adapters(state.session, config.upstream.url,
+                                      headers=config.upstream.auth_headers())
     except Unreachable as exc:
         profile.unreadable(str(exc))
         log.warning("lora.mode %r: cannot read the upstream's LoRA adapters yet (%s); model "
@@ -163,7 +167,8 @@ async def check_reload(state: ProxyState, profile: LoraProfile, new: Config) -> 
         return
     url = new.upstream.url
     try:
-        server: tuple[ServerAdapter, ...] | None = await fetch_adapters(state.session, url)
+        server: tuple[ServerAdapter, ...] | None = await fetch_adapters(
+            state.session, url, headers=new.upstream.auth_headers())
     except Unreachable:
         server = profile.known(url)
     except LoraListError as exc:

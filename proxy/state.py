@@ -58,6 +58,11 @@ class ProxyState:
             except Exception:
                 log.exception("a record observer failed on %s", record.get("id"))
 
+    def own_headers(self) -> dict[str, str]:
+        """Headers for slotwise's own calls to the upstream (the API key of the config in force,
+        so a reload that changes it applies at once); forwarded requests never get them."""
+        return self.config.upstream.auth_headers()
+
     @property
     def upstream_url(self) -> str:
         return self.config.upstream.url

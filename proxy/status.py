@@ -48,7 +48,8 @@ class SlotsView:
     async def _fetch(self, state: ProxyState) -> None:
         timeout = aiohttp.ClientTimeout(total=SLOTS_TIMEOUT_S)
         try:
-            async with state.session.get(state.upstream_url + "/slots", timeout=timeout) as resp:
+            async with state.session.get(state.upstream_url + "/slots", timeout=timeout,
+                                         headers=state.own_headers()) as resp:
                 body = await resp.json(content_type=None) if resp.status == 200 else None
                 if not isinstance(body, list):
                     raise ValueError(f"HTTP {resp.status}, not a list of slots")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.config import ConfigError, load_config, parse_config
+from proxy.config import ConfigError, config_to_dict, load_config, parse_config
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "slotwise.toml"
 
@@ -58,3 +58,54 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     bad.write_text('[prefill]\nmode = "chunks"\n')
     assert main(["check-config", str(bad)]) == 2
     assert "prefill.mode: unknown mode 'chunks'" in capsys.readouterr().err
+
+
+def test_upstream_api_key_is_optional_and_never_shown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_config({}).upstream.api_key == ""
+    assert parse_config({}).upstream.auth_headers() == {}
+    config = parse_config({"upstream": {"api_key": "s3cret-key"}})
+    assert config.upstream.auth_headers() == {"Authorization": "Bearer s3cret-key"}
+    assert config_to_dict(config)["upstream"]["api_key"] == "***"
+    assert config_to_dict(parse_config({}))["upstream"]["api_key"] == ""
+    assert "s3cret-key" not in repr(config)
+    path = tmp_path / "key.toml"
+    path.write_text('[upstream]\napi_key = "s3cret-key"\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "s3cret-key" not in out and "'***'" in out
+
+
+def test_upstream_api_key_file_is_read_and_masked(tmp_path: Path) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text("from-a-file\n")
+    config = parse_config({"upstream": {"api_key_file": str(key_file)}})
+    assert config.upstream.api_key == "from-a-file"
+    assert config.upstream.api_key_file == str(key_file)
+    shown = config_to_dict(config)["upstream"]
+    assert shown["api_key"] == "***" and shown["api_key_file"] == str(key_file)
+
+
+@pytest.mark.parametrize(("upstream", "message"), [
+    ({"api_key": "a", "api_key_file": "/etc/hostname"},
+     "upstream.api_key: give at most one of 'api_key' and 'api_key_file'"),
+    ({"api_key_file": "/nonexistent/api-key"},
+     "upstream.api_key_file: cannot read '/nonexistent/api-key': No such file or directory"),
+    ({"api_key": 12345}, "upstream.api_key: expected a string, got a int"),
+    ({"api_key": "two words"}, "upstream.api_key: the key holds whitespace"),
+    ({"api_key_file": 3}, "upstream.api_key_file: expected a string, got 3"),
+])
+def test_bad_api_keys_are_refused(upstream: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"upstream": upstream})
+    assert message in str(info.value)
+    assert "12345" not in str(info.value)
+
+
+def test_an_unreadable_or_empty_key_file_names_the_key(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match=r"upstream\.api_key_file: .* is empty"):
+        parse_config({"upstream": {"api_key_file": str(empty)}})
+    with pytest.raises(ConfigError, match=r"upstream\.api_key_file: cannot read"):
+        parse_config({"upstream": {"api_key_file": str(tmp_path)}})  # a directory

@@ -104,6 +104,10 @@ class LocalTokenizer:
         vocab = await asyncio.to_thread(GgufVocab.load, model_path)
         return cls(vocab, upstream)
 
+    def with_upstream(self, upstream: UpstreamTokenizer) -> LocalTokenizer:
+        """The same vocabulary, asking `upstream` for templates (the current URL and key)."""
+        return LocalTokenizer(self._vocab, upstream)
+
     async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
         check_kind(kind)
         prompt: Prompt = (await self._upstream.apply_template(body) if kind in CHAT_KINDS

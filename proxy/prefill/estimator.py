@@ -32,15 +32,18 @@ DEFAULT_SLOTS, DEFAULT_CTX = 4, 32768
 class Estimator:
     """Prompt ids and an `Estimate` per request body; `learn` after each request and piece."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: Callable[[], str]) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base_url: Callable[[], str],
+                 headers: Callable[[], Mapping[str, str]] = dict) -> None:
         self._session = session
         self._base_url = base_url
+        self._headers = headers
+        """slotwise's own headers (the API key), read per call so a reload applies."""
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
 
     def _upstream(self) -> UpstreamTokenizer:
-        return UpstreamTokenizer(self._session, self._base_url())
+        return UpstreamTokenizer(self._session, self._base_url(), headers=self._headers())
 
     async def prepare(self, config: PrefillConfig) -> None:
         """Load the in-process tokenizer `config` names (ConfigError if it cannot be loaded)."""
@@ -55,7 +58,7 @@ class Estimator:
 
     def tokenizer(self, config: PrefillConfig) -> PromptTokenizer:
         if config.tokenizer_model and self._local and self._local[0] == config.tokenizer_model:
-            return self._local[1]
+            return self._local[1].with_upstream(self._upstream())
         return self._upstream()
 
     async def estimate(self, config: PrefillConfig, kind: str,
@@ -73,7 +76,7 @@ class Estimator:
     async def read_props(self) -> None:
         """Size the cache model from `/props` (slots, per-slot context); retried until it works."""
         try:
-            async with self._session.get(self._base_url() + "/props",
+            async with self._session.get(self._base_url() + "/props", headers=self._headers(),
                                          timeout=aiohttp.ClientTimeout(total=5.0)) as response:
                 props = orjson.loads(await response.read()) if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:

@@ -26,14 +26,15 @@ def install(app: web.Application) -> None:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    estimator = Estimator(state.session, lambda: state.upstream_url)
+    estimator = Estimator(state.session, lambda: state.upstream_url, state.own_headers)
     await estimator.prepare(state.config.prefill)
 
     async def check(new: Config) -> None:
         await estimator.prepare(new.prefill)
 
     gate = PrefillGate(config=lambda: state.config.prefill, estimator=estimator,
-                       feeder=PieceFeeder(state.session, lambda: state.upstream_url),
+                       feeder=PieceFeeder(state.session, lambda: state.upstream_url,
+                                          headers=state.own_headers),
                        registry=state.registry, clock=state.clock)
     app[GATE] = gate
     state.gate = gate

@@ -7,7 +7,7 @@ sampled token is discarded; only `timings` come back. Cancelling the call closes
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +35,12 @@ class PieceFeeder:
     """Posts pieces through the proxy's one session."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: Callable[[], str], *,
+                 headers: Callable[[], Mapping[str, str]] = dict,
                  timeout_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._session = session
         self._base_url = base_url
+        self._headers = headers
+        """slotwise's own headers (the API key), read per piece so a reload applies."""
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._clock = clock
 
@@ -48,7 +51,7 @@ class PieceFeeder:
         try:
             async with self._session.post(
                     url, data=orjson.dumps(body), timeout=self._timeout,
-                    headers={"Content-Type": "application/json",
+                    headers={**self._headers(), "Content-Type": "application/json",
                              "Accept-Encoding": "identity"}) as response:
                 raw = await response.read()
                 status = response.status

@@ -1,0 +1,124 @@
+"""`[upstream] api_key`: slotwise's own calls to a keyed llama-server carry the key (from the config
+in force, so a reload applies), while forwarded client requests go on exactly as the client sent
+them. A fake upstream that answers 401 without the key, quick."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.runner import ProxyThread
+from tests.helpers import read_records, serve_app, start_proxy
+
+KEY = "k-one"
+
+
+def answer(data: Any) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(data)
+    return handler
+
+
+class KeyedUpstream:
+    """Answers like llama-server with `--api-key`; records (method, path, Authorization)."""
+
+    def __init__(self) -> None:
+        self.key = KEY
+        self.seen: list[tuple[str, str, str | None]] = []
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.auth])
+        app.router.add_get("/health", answer({"status": "ok"}))
+        app.router.add_get("/lora-adapters", answer([{"id": 0, "path": "style.gguf", "scale": 0.0}]))
+        app.router.add_post("/lora-adapters", answer({"success": True}))
+        app.router.add_get("/props", answer({"total_slots": 2,
+                                             "default_generation_settings": {"n_ctx": 4096}}))
+        app.router.add_post("/apply-template", answer({"prompt": "a b c"}))
+        app.router.add_post("/tokenize", answer({"tokens": [1, 2, 3]}))
+        app.router.add_get("/slots", answer([{"id": 0, "is_processing": False}]))
+        app.router.add_post("/v1/chat/completions", answer(
+            {"choices": [{"message": {"content": "hi"}}], "timings": {"prompt_n": 3, "cache_n": 0}}))
+        return app
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization")
+        self.seen.append((request.method, request.path, given))
+        if request.path not in ("/health", "/v1/chat/completions") and \
+                given != f"Bearer {self.key}":
+            return web.json_response({"error": {"code": 401, "message": "Invalid API Key"}},
+                                     status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def auth_of(self, method: str, path: str) -> list[str | None]:
+        return [a for m, p, a in self.seen if (m, p) == (method, path)]
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[KeyedUpstream, str]]:
+    fake = KeyedUpstream()
+    async with serve_app(fake.app()) as url:
+        yield fake, url
+
+
+async def chat(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> int:
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
+        await response.read()
+        return response.status
+
+
+async def status_slots(session: aiohttp.ClientSession, proxy: ProxyThread) -> list[Any]:
+    """The slots the status page shows, once its background /slots poll has answered."""
+    deadline = time.monotonic() + 5
+    while True:
+        async with session.get(proxy.url + "/slotwise/status") as response:
+            status = await response.json()
+        if status["slots"]["slots"] or time.monotonic() > deadline:
+            assert status["config"]["upstream"]["api_key"] == "***"
+            return list(status["slots"]["slots"])
+        await asyncio.sleep(0.05)
+
+
+async def test_own_calls_carry_the_key_forwarded_requests_stay_as_sent(
+        upstream: tuple[KeyedUpstream, str], tmp_path: Path) -> None:
+    fake, url = upstream
+    proxy = await asyncio.to_thread(
+        start_proxy, url, tmp_path, upstream={"api_key": KEY},
+        lora={"mode": "fixed", "adapters": [{"id": 0, "scale": 1.0}]},
+        prefill={"mode": "chunk", "cold_tokens": 2})
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await chat(session, proxy.url, {}) == 200
+            assert await chat(session, proxy.url, {"Authorization": "Bearer the-clients-own"}) == 200
+            records = await asyncio.to_thread(read_records, proxy, 2)
+            assert all(r["est_prompt_tokens"] == 3 and r["lora_rewritten"] for r in records)
+            assert await status_slots(session, proxy)
+            for call in [("GET", "/lora-adapters"), ("POST", "/lora-adapters"),
+                         ("GET", "/props"), ("POST", "/apply-template"), ("POST", "/tokenize"),
+                         ("GET", "/slots")]:
+                assert set(fake.auth_of(*call)) == {f"Bearer {KEY}"}, call
+            assert fake.auth_of("POST", "/v1/chat/completions") == [None, "Bearer the-clients-own"]
+
+            # A reload with another key: the next own calls carry the new one.
+            fake.key = "k-two"
+            old = proxy.state.config
+            new = dataclasses.replace(old, upstream=dataclasses.replace(old.upstream,
+                                                                        api_key="k-two"))
+            await asyncio.to_thread(proxy.call, proxy.state.apply_config(new))
+            fake.seen.clear()
+            assert await chat(session, proxy.url, {}) == 200
+            assert set(fake.auth_of("POST", "/apply-template")) == {"Bearer k-two"}
+            assert fake.auth_of("GET", "/lora-adapters") in ([], ["Bearer k-two"])
+            assert (await asyncio.to_thread(read_records, proxy, 3))[-1]["est_prompt_tokens"] == 3
+    finally:
+        await asyncio.to_thread(proxy.stop)
