@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,10 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
     status = await wait_for_phases(proxy.url, {("ann", "decoding"), ("bob", "prefilling"),
                                                ("c0", "queued"), ("c1", "queued")})
     gauges = await in_flight_gauges(proxy.url)
+    after = await busy_slots_status(proxy.url)  # before the browser: the prefill may end meanwhile
     shot = tmp_path / "status.png"
     await asyncio.to_thread(browse, proxy.url + "/slotwise/", f"--screenshot={shot}",
                             "--window-size=1280,900")
-    after = await get_status_once(proxy.url)
     for task in load:
         task.cancel()
     await asyncio.gather(*load, return_exceptions=True)
@@ -99,6 +100,18 @@ async def test_status_page_during_contention(server: LlamaServer, proxy: ProxyTh
     busy = [s["state"] for s in after["slots"]["slots"]]
     assert len(busy) == 2 and "idle" not in busy, after["slots"]
     assert after["recent"]["summary"]["requests"] >= 1
+
+
+async def busy_slots_status(url: str, timeout: float = 15.0) -> dict[str, Any]:
+    """The status once its slots (polled from llama-server at most once a second, so a poll can
+    lag behind the phases slotwise sees itself) show both slots busy; the last one seen if never."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await get_status_once(url)
+        states = [s["state"] for s in status["slots"]["slots"]]
+        if "idle" not in states or time.monotonic() > deadline:
+            return status
+        await asyncio.sleep(0.2)
 
 
 async def get_status_once(url: str) -> dict[str, Any]:
