@@ -45,11 +45,12 @@ class TestCacheModel:
     def test_empty_model_caches_nothing(self) -> None:
         assert CacheModel(4, 8192).estimate_cached(seq(0, 1000)) == 0
 
-    def test_longest_cached_prefix_in_blocks(self) -> None:
+    def test_longest_cached_prefix_to_the_token(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 1000))
-        assert cache.estimate_cached(seq(0, 1000) + seq(5000, 500)) == 960
-        assert cache.estimate_cached(seq(0, 700) + seq(5000, 500)) == 640
+        assert cache.estimate_cached(seq(0, 1000) + seq(5000, 500)) == 1000
+        assert cache.estimate_cached(seq(0, 700) + seq(5000, 500)) == 700
+        assert cache.estimate_cached(seq(0, 9) + seq(5000, 30)) == 9  # less than a block
         assert cache.estimate_cached(seq(1, 1000)) == 0
 
     def test_whole_prompt_cached_still_computes_one_token(self) -> None:
@@ -61,8 +62,8 @@ class TestCacheModel:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 300))
         cache.record(seq(10_000, 900))
-        assert cache.estimate_cached(seq(10_000, 2000)) == 896
-        assert cache.estimate_cached(seq(0, 2000)) == 256
+        assert cache.estimate_cached(seq(10_000, 2000)) == 900
+        assert cache.estimate_cached(seq(0, 2000)) == 300
 
     def test_extension_replaces_its_own_entry(self) -> None:
         cache = CacheModel(2, 8192)
@@ -101,7 +102,7 @@ class TestCacheModel:
         prompt = seq(0, 1024) + seq(9000, 100)
         assert cache.estimate_cached(prompt) == 1024
         cache.record(prompt, cache_n_reported=200)  # it had only 200 of them
-        assert cache.estimate_cached(prompt) == 1088  # the new prompt itself is now cached
+        assert cache.estimate_cached(prompt) == 1123  # the new prompt itself is now cached
         assert cache.estimate_cached(seq(0, 1024) + seq(7000, 64)) == 1024
 
     def test_server_reports_less_cuts_stale_entries(self) -> None:
@@ -135,8 +136,8 @@ class TestEstimate:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 1000))
         est = estimate(seq(0, 1000) + seq(5000, 40), cache)
-        assert est == Estimate(prompt_tokens=1040, new_tokens=80)
-        assert est.cached_tokens == 960
+        assert est == Estimate(prompt_tokens=1040, new_tokens=40)
+        assert est.cached_tokens == 1000
 
     def test_without_cache_model_all_new(self) -> None:
         assert estimate(seq(0, 10)) == Estimate(10, 10)

@@ -1,12 +1,14 @@
 """A model of what llama-server holds in its prompt cache, learned from the prompts slotwise sent.
 
-Each entry is the chain of block hashes of one slot's prompt (a block hash names the whole prefix up
-to it), bounded by the slot count and context. Pure: no I/O; the server's `cache_n` corrects it.
+Each entry is one slot's prompt, with the chain of its block hashes (a block hash names the whole
+prefix up to it) to match long prompts fast; bounded by the slot count and context. Pure: no I/O;
+the server's `cache_n` corrects it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 BLOCK_TOKENS = 64
 
@@ -34,15 +36,38 @@ def _common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-class CacheModel:
-    """The server's slots as an LRU of prompt-prefix chains.
+@dataclass
+class _Entry:
+    """One slot as modelled: its prompt's tokens, and their block chain for fast matching."""
 
-    `estimate_cached(ids)` is the longest cached prefix (a multiple of the block size, at most
-    len(ids) - 1 since the server always recomputes one token). `record(ids, cache_n)` is called
-    after each request or piece with the prompt it sent: the entry sharing the longest prefix with
-    it (the slot the server most likely chose) takes the new prompt, otherwise the least recently
-    used entry makes room. If the server reports less cached than predicted, the entries that
-    claimed more are cut back to what the server said (trust the server).
+    ids: list[int]
+    chain: list[int]
+
+    def common(self, ids: Sequence[int], chain: list[int], block: int) -> int:
+        """Tokens this entry shares with `ids` from the start: whole blocks by their hashes,
+        then token by token inside the first block that differs."""
+        start = _common_blocks(self.chain, chain) * block
+        extra = 0
+        for mine, theirs in zip(self.ids[start:start + block], ids[start:start + block],
+                                strict=False):
+            if mine != theirs:
+                break
+            extra += 1
+        return start + extra
+
+    def cut(self, tokens: int, block: int) -> None:
+        self.ids, self.chain = self.ids[:tokens], self.chain[:tokens // block]
+
+
+class CacheModel:
+    """The server's slots as an LRU of prompts.
+
+    `estimate_cached(ids)` is the longest cached prefix, to the token (at most len(ids) - 1, since
+    the server always recomputes one token). `record(ids, cache_n)` is called after each request or
+    piece with the prompt it sent: the entry sharing the longest prefix with it (the slot the server
+    most likely chose) takes the new prompt, otherwise the least recently used entry makes room. If
+    the server reports less cached than predicted, the entries that claimed more are cut back to what
+    the server said (trust the server).
     """
 
     def __init__(self, n_slots: int, n_ctx: int, *, block: int = BLOCK_TOKENS,
@@ -53,7 +78,7 @@ class CacheModel:
         self._n_ctx = n_ctx
         self._block = block
         self._max_total = max_total_tokens
-        self._entries: list[list[int]] = []  # least recently used first
+        self._entries: list[_Entry] = []  # least recently used first
 
     @property
     def entries(self) -> int:
@@ -62,38 +87,41 @@ class CacheModel:
     @property
     def cached_tokens(self) -> tuple[int, ...]:
         """Tokens modelled per entry, least recently used first (for a status page)."""
-        return tuple(len(e) * self._block for e in self._entries)
+        return tuple(len(e.ids) for e in self._entries)
 
     def estimate_cached(self, ids: Sequence[int]) -> int:
-        return self._cached(block_hashes(ids, self._block), len(ids))
+        return self._cached(ids, block_hashes(ids, self._block))
 
     def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
-        chain = block_hashes(ids[:self._n_ctx], self._block)
-        if cache_n_reported is not None and cache_n_reported < self._cached(chain, len(ids)):
-            self._cut_back(chain, cache_n_reported)
-        best = self._best_match(chain)
+        ids = list(ids[:self._n_ctx])
+        chain = block_hashes(ids, self._block)
+        if cache_n_reported is not None and cache_n_reported < self._cached(ids, chain):
+            self._cut_back(ids, chain, cache_n_reported)
+        best = self._best_match(ids, chain)
         if best is not None:
             del self._entries[best]
-        self._entries.append(chain)
+        self._entries.append(_Entry(ids, chain))
         self._evict()
 
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""
         self._entries.clear()
 
-    def _cached(self, chain: list[int], n_ids: int) -> int:
-        blocks = max((_common_blocks(e, chain) for e in self._entries), default=0)
-        return max(0, min(blocks * self._block, n_ids - 1))
+    def _shared(self, ids: Sequence[int], chain: list[int]) -> list[int]:
+        return [e.common(ids, chain, self._block) for e in self._entries]
 
-    def _cut_back(self, chain: list[int], cache_n: int) -> None:
-        keep = max(0, cache_n) // self._block
-        for i, entry in enumerate(self._entries):
-            if _common_blocks(entry, chain) > keep:
-                self._entries[i] = entry[:keep]
-        self._entries = [e for e in self._entries if e]
+    def _cached(self, ids: Sequence[int], chain: list[int]) -> int:
+        return max(0, min(max(self._shared(ids, chain), default=0), len(ids) - 1))
 
-    def _best_match(self, chain: list[int]) -> int | None:
-        shared = [_common_blocks(e, chain) for e in self._entries]
+    def _cut_back(self, ids: Sequence[int], chain: list[int], cache_n: int) -> None:
+        keep = max(0, cache_n)
+        for entry, shared in zip(self._entries, self._shared(ids, chain), strict=True):
+            if shared > keep:
+                entry.cut(keep, self._block)
+        self._entries = [e for e in self._entries if e.ids]
+
+    def _best_match(self, ids: Sequence[int], chain: list[int]) -> int | None:
+        shared = self._shared(ids, chain)
         if not shared or max(shared) == 0:
             return None
         return shared.index(max(shared))
@@ -105,4 +133,4 @@ class CacheModel:
     def _over_total(self) -> bool:
         if self._max_total is None or len(self._entries) <= 1:
             return False
-        return sum(map(len, self._entries)) * self._block > self._max_total
+        return sum(len(e.ids) for e in self._entries) > self._max_total
