@@ -32,6 +32,7 @@ from proxy.prefill import (
     Tick,
 )
 from proxy.prefill.pieces import piece_body
+from proxy.prefill.policy import SENT_GRACE_S
 from proxy.prefill.sizing import PrefillRate, next_upto, pause_s, piece_tokens
 
 COLD = 2000
@@ -250,11 +251,21 @@ class TestRule8ShortRequestsBetweenPieces:
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
         p.on_piece_done("c", 256, 250.0, 0.25)
-        wake = p.next_wakeup()
+        assert p.next_wakeup() == 0.5
         assert p.on_arrival("x", 100, 3000, 0.3) == [Admit("x", "not cold")]
-        assert p.next_wakeup() == wake
-        assert p.on_tick(0.4) == []
-        assert p.on_tick(0.5) == [FeedPiece("c", 512)]
+        # x is on its way to the server: the next piece waits SENT_GRACE_S for its prefill
+        assert p.next_wakeup() == pytest.approx(0.3 + SENT_GRACE_S)
+        assert p.on_tick(0.5) == []
+        assert p.on_tick(0.3 + SENT_GRACE_S) == [FeedPiece("c", 512)]
+
+    def test_a_request_sent_but_silent_holds_the_next_piece_only_so_long(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 250.0, 0.25)
+        p.on_arrival("x", 100, 100, 0.45)  # e.g. not streamed: it never says it started
+        assert p.on_tick(0.9) == []
+        assert p.on_tick(0.45 + SENT_GRACE_S) == [FeedPiece("c", 512)]
 
     def test_next_piece_waits_while_a_short_prompt_is_computed(self) -> None:
         p = policy()
@@ -350,8 +361,9 @@ class TestRule11PieceFailed:
         p.on_arrival("a", 5000, 5000, 0.0)
         p.on_arrival("b", 5000, 5000, 0.0)
         assert p.on_piece_failed("a", "HTTP 500", 0.2) == [
-            Forward("a", "piece failed, forwarded as it came: HTTP 500"),
-            FeedPiece("b", 256)]
+            Forward("a", "piece failed, forwarded as it came: HTTP 500")]
+        # b's first piece waits for a's prompt to get going (rule 8)
+        assert p.on_tick(0.2 + SENT_GRACE_S) == [FeedPiece("b", 256)]
 
     def test_failure_for_unknown_request_ignored(self) -> None:
         assert policy().on_piece_failed("x", "boom", 0.0) == []
@@ -372,8 +384,8 @@ class TestRule12NextInLine:
             now += 1.0
             decisions = p.on_piece_done("b", 256, 250.0, now)
             decisions += p.on_tick(now + 0.25)
-        assert kinds(decisions) == ["Forward", "FeedPiece"]
-        assert decisions[1] == FeedPiece("c", 256)
+        assert kinds(decisions) == ["Forward"]
+        assert p.on_tick(now + 0.25 + SENT_GRACE_S) == [FeedPiece("c", 256)]
 
 
 class TestEventsAndSnapshot:

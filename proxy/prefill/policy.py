@@ -38,6 +38,10 @@ from proxy.prefill.sizing import (
 from proxy.prefill.snapshot import ChunkProgress, Phase, PolicySnapshot
 
 LEARN_MIN_TOKENS = 256
+SENT_GRACE_S = 0.5
+"""Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
+only once it starts); the next piece waits for it this long at most, since a non-streamed request
+shows nothing until it ends."""
 """A finished request teaches the prefill rate only if it computed at least this many tokens."""
 
 
@@ -76,7 +80,8 @@ class PrefillPolicy:
         speed); a piece already in flight is let finish first, since its work is kept in the cache.
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
         is unchanged: the next piece still waits for its pause, and also while any other request
-        is computing its prompt (PREFILLING), so that short prompts go between pieces.
+        is computing its prompt (PREFILLING) or was sent less than SENT_GRACE_S ago and has not
+        started it yet, so that short prompts go between pieces, not into a piece's batch.
      9. The prefill rate is learned from PieceDone (tokens / elapsed) and from finished requests'
         prompt_n / prompt_ms (if >= 256 tokens); it starts at a conservative default.
     10. A client that leaves ends its part at once: an active plan ends (CancelPiece if a piece is
@@ -97,6 +102,7 @@ class PrefillPolicy:
         self._n_batch = n_batch
         self._rate = PrefillRate(default_tps)
         self._in_flight: dict[str, Phase] = {}
+        self._sent_at: dict[str, float] = {}
         self._line: deque[Arrived] = deque()
         self._plan: _Plan | None = None
 
@@ -126,11 +132,11 @@ class PrefillPolicy:
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
                    now: float) -> list[Decision]:
         if self._cfg.mode == "off":
-            return self._admit(req_id, "prefill.mode off")
+            return self._admit(req_id, "prefill.mode off", now)
         if est_new_tokens < self._cfg.cold_tokens:
-            return self._admit(req_id, "not cold")
+            return self._admit(req_id, "not cold", now)
         if self._plan is None and not self._in_flight:
-            return self._admit(req_id, "cold, nobody generating")
+            return self._admit(req_id, "cold, nobody generating", now)
         if self._plan is not None and len(self._line) >= self._cfg.max_waiting:
             return [Reject(req_id, f"{len(self._line)} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
@@ -149,6 +155,7 @@ class PrefillPolicy:
                     prompt_ms: float | None = None) -> list[Decision]:
         if prompt_n is not None and prompt_ms is not None:
             self._rate.observe(prompt_n, prompt_ms, min_tokens=LEARN_MIN_TOKENS)
+        self._sent_at.pop(req_id, None)
         if self._in_flight.pop(req_id, None) is None:
             return []
         return self._advance(now)
@@ -168,7 +175,8 @@ class PrefillPolicy:
         plan = self._plan
         if plan is None or plan.req.req_id != req_id:
             return []
-        return [*self._release(Forward(req_id, f"piece failed, forwarded as it came: {reason}")),
+        return [*self._release(Forward(req_id, f"piece failed, forwarded as it came: {reason}"),
+                               now),
                 *self._advance(now)]
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
@@ -178,6 +186,7 @@ class PrefillPolicy:
             cancel: list[Decision] = [CancelPiece(req_id)] if plan.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
         self._line = deque(a for a in self._line if a.req_id != req_id)
+        self._sent_at.pop(req_id, None)
         if self._in_flight.pop(req_id, None) is None:
             return []
         return self._advance(now)
@@ -193,9 +202,9 @@ class PrefillPolicy:
             return self._advance(now)
         out: list[Decision] = []
         if self._plan is not None:
-            out.extend(self._release(self._send(self._plan, "prefill.mode off (reload)")))
+            out.extend(self._release(self._send(self._plan, "prefill.mode off (reload)"), now))
         while self._line:
-            out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)"))
+            out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)", now))
         return out
 
     # ---- queries ---------------------------------------------------------------------------
@@ -209,7 +218,7 @@ class PrefillPolicy:
             return plan.deadline
         if plan.piece_upto is not None or self._others_prefilling():
             return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
-        return plan.next_piece_at
+        return max(plan.next_piece_at, self._sent_grace_end())
 
     @property
     def piece_tokens(self) -> int:
@@ -231,8 +240,9 @@ class PrefillPolicy:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _admit(self, req_id: str, reason: str) -> list[Decision]:
+    def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
         self._in_flight[req_id] = Phase.SENT
+        self._sent_at[req_id] = now
         return [Admit(req_id, reason)]
 
     def _set_phase(self, req_id: str, phase: Phase) -> list[Decision]:
@@ -240,10 +250,11 @@ class PrefillPolicy:
             self._in_flight[req_id] = phase
         return []
 
-    def _release(self, decision: Admit | Forward) -> list[Decision]:
+    def _release(self, decision: Admit | Forward, now: float) -> list[Decision]:
         """End the active plan: its request goes upstream and counts as generating from now on."""
         self._plan = None
         self._in_flight[decision.req_id] = Phase.SENT
+        self._sent_at[decision.req_id] = now
         return [decision]
 
     def _advance(self, now: float) -> list[Decision]:
@@ -267,24 +278,29 @@ class PrefillPolicy:
         req_id = plan.req.req_id
         if self._cfg.mode == "defer":
             if not self._in_flight:
-                return self._release(Admit(req_id, "held until others finished"))
+                return self._release(Admit(req_id, "held until others finished"), now)
             if now >= plan.deadline:
-                return self._release(Admit(req_id, "held prefill.max_hold_s"))
+                return self._release(Admit(req_id, "held prefill.max_hold_s"), now)
             return []
         if plan.piece_upto is not None:
             return []
         if not self._in_flight:
-            return self._release(self._send(plan, "nobody generating"))
+            return self._release(self._send(plan, "nobody generating"), now)
         piece = self.piece_tokens
         if plan.req.est_prompt_tokens - plan.done_upto <= piece:
-            return self._release(self._send(plan, "rest fits one piece"))
-        if now < plan.next_piece_at or self._others_prefilling():
+            return self._release(self._send(plan, "rest fits one piece"), now)
+        if now < plan.next_piece_at or self._others_prefilling() or now < self._sent_grace_end():
             return []
         plan.piece_upto = next_upto(plan.done_upto, piece)
         return [FeedPiece(req_id, plan.piece_upto)]
 
     def _others_prefilling(self) -> bool:
         return any(phase is Phase.PREFILLING for phase in self._in_flight.values())
+
+    def _sent_grace_end(self) -> float:
+        """When the last request sent but not yet prefilling stops holding the next piece."""
+        return max((self._sent_at[r] + SENT_GRACE_S for r, phase in self._in_flight.items()
+                    if phase is Phase.SENT), default=0.0)
 
     @staticmethod
     def _send(plan: _Plan, why: str) -> Admit | Forward:
