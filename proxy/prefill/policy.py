@@ -7,7 +7,6 @@ The async gate applies the decisions and reports what happened back as events.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
 from proxy.prefill.events import (
@@ -28,6 +27,7 @@ from proxy.prefill.events import (
     Reject,
     Tick,
 )
+from proxy.prefill.plan import Plan
 from proxy.prefill.sizing import (
     DEFAULT_PREFILL_TPS,
     PrefillRate,
@@ -35,26 +35,14 @@ from proxy.prefill.sizing import (
     pause_s,
     piece_tokens,
 )
-from proxy.prefill.snapshot import ChunkProgress, Phase, PolicySnapshot
+from proxy.prefill.snapshot import Phase, PolicySnapshot
 
 LEARN_MIN_TOKENS = 256
+"""A finished request teaches the prefill rate only if it computed at least this many tokens."""
 SENT_GRACE_S = 0.5
 """Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
 only once it starts); the next piece waits for it this long at most, since a non-streamed request
 shows nothing until it ends."""
-"""A finished request teaches the prefill rate only if it computed at least this many tokens."""
-
-
-@dataclass
-class _Plan:
-    """The one cold request being held or fed in pieces."""
-
-    req: Arrived
-    done_upto: int
-    deadline: float
-    piece_upto: int | None = None
-    next_piece_at: float = 0.0
-    pieces_done: int = 0
 
 
 class PrefillPolicy:
@@ -104,7 +92,7 @@ class PrefillPolicy:
         self._in_flight: dict[str, Phase] = {}
         self._sent_at: dict[str, float] = {}
         self._line: deque[Arrived] = deque()
-        self._plan: _Plan | None = None
+        self._plan: Plan | None = None
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -202,7 +190,7 @@ class PrefillPolicy:
             return self._advance(now)
         out: list[Decision] = []
         if self._plan is not None:
-            out.extend(self._release(self._send(self._plan, "prefill.mode off (reload)"), now))
+            out.extend(self._release(self._plan.release("prefill.mode off (reload)"), now))
         while self._line:
             out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)", now))
         return out
@@ -231,7 +219,7 @@ class PrefillPolicy:
             mode=self._cfg.mode,
             held=((plan.req.req_id,) if plan else ()) + waiting,
             waiting=waiting,
-            chunking=self._progress(plan) if plan and self._cfg.mode == "chunk" else None,
+            chunking=plan.progress() if plan and self._cfg.mode == "chunk" else None,
             in_flight=tuple(self._in_flight.items()),
             prefill_tps=self._rate.tps,
             rate_samples=self._rate.samples,
@@ -264,17 +252,13 @@ class PrefillPolicy:
             if self._plan is None:
                 if not self._line:
                     return out
-                self._plan = self._plan_for(self._line.popleft())
+                self._plan = Plan.for_request(self._line.popleft(), self._cfg.max_hold_s)
             plan = self._plan
             out.extend(self._step(plan, now))
             if self._plan is plan:
                 return out
 
-    def _plan_for(self, req: Arrived) -> _Plan:
-        cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-        return _Plan(req=req, done_upto=cached, deadline=req.now + self._cfg.max_hold_s)
-
-    def _step(self, plan: _Plan, now: float) -> list[Decision]:
+    def _step(self, plan: Plan, now: float) -> list[Decision]:
         req_id = plan.req.req_id
         if self._cfg.mode == "defer":
             if not self._in_flight:
@@ -285,10 +269,10 @@ class PrefillPolicy:
         if plan.piece_upto is not None:
             return []
         if not self._in_flight:
-            return self._release(self._send(plan, "nobody generating"), now)
+            return self._release(plan.release("nobody generating"), now)
         piece = self.piece_tokens
         if plan.req.est_prompt_tokens - plan.done_upto <= piece:
-            return self._release(self._send(plan, "rest fits one piece"), now)
+            return self._release(plan.release("rest fits one piece"), now)
         if now < plan.next_piece_at or self._others_prefilling() or now < self._sent_grace_end():
             return []
         plan.piece_upto = next_upto(plan.done_upto, piece)
@@ -301,19 +285,3 @@ class PrefillPolicy:
         """When the last request sent but not yet prefilling stops holding the next piece."""
         return max((self._sent_at[r] + SENT_GRACE_S for r, phase in self._in_flight.items()
                     if phase is Phase.SENT), default=0.0)
-
-    @staticmethod
-    def _send(plan: _Plan, why: str) -> Admit | Forward:
-        """Admit if no piece was fed, else Forward; the reason says how far the feeding got."""
-        if plan.pieces_done == 0:
-            return Admit(plan.req.req_id, f"cold, {why}")
-        return Forward(plan.req.req_id,
-                       f"{why} after {plan.pieces_done} pieces ({plan.done_upto} tokens fed)")
-
-    @staticmethod
-    def _progress(plan: _Plan) -> ChunkProgress:
-        return ChunkProgress(
-            req_id=plan.req.req_id, done_tokens=plan.done_upto,
-            total_tokens=plan.req.est_prompt_tokens, pieces_done=plan.pieces_done,
-            piece_in_flight_upto=plan.piece_upto,
-            next_piece_at=plan.next_piece_at if plan.piece_upto is None else None)
