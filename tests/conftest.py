@@ -14,6 +14,8 @@ from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer
 
+pytest_plugins = ["tests.served"]  # the `serving` fixture of the operations tests
+
 
 class StartLlamaServer(Protocol):
     """The type of the `start_llama_server` fixture, for annotating tests."""

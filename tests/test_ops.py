@@ -4,119 +4,26 @@ and SIGTERM on a real `slotwise serve` process. The real-server versions are in 
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from proxy.lifecycle import Operations, reload_config
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
 from tests.helpers import read_records, serve_app, start_proxy
-
-SLOTWISE = Path(sys.executable).parent / "slotwise"
-GRACE_S = 5  # listen.shutdown_grace_s of every proxy here: a reload may not change it
-
-
-def write_config(path: Path, upstream: str, timing: Path, **tables: dict[str, Any]) -> Path:
-    """A TOML config file: [upstream] url, [listen] port 0 and grace, [log] timing, + `tables`."""
-    sections: dict[str, dict[str, Any]] = {
-        "upstream": {"url": upstream}, "listen": {"port": 0, "shutdown_grace_s": GRACE_S},
-        "log": {"timing": str(timing)}}
-    for name, values in tables.items():
-        sections[name] = {**sections.get(name, {}), **values}
-    lines = []
-    for name, values in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return orjson.dumps(value).decode()  # strings, numbers and booleans are spelled alike
-
-
-@dataclass
-class Served:
-    """A `slotwise serve` subprocess and the lines of its log (stderr) so far."""
-
-    process: subprocess.Popen[bytes]
-    lines: list[str] = field(default_factory=list)
-    url: str = ""
-
-    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if match := re.search(pattern, line):
-                    return match
-            if self.process.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"no log line matching {pattern!r}; log:\n" + "".join(self.lines))
-
-    def close(self) -> None:
-        self.process.wait(10)
-        self._reader.join(5)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-    def start_reading(self) -> None:
-        assert self.process.stderr is not None
-        stream = self.process.stderr
-
-        def read() -> None:
-            for raw in stream:
-                self.lines.append(raw.decode(errors="replace"))
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-
-
-def serve(config: Path) -> Served:
-    """Start `slotwise serve --config FILE`; return once it says where it listens."""
-    process = subprocess.Popen([str(SLOTWISE), "serve", "--config", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    served = Served(process)
-    served.start_reading()
-    served.url = served.wait_for(r"slotwise listening on (http://\S+?),").group(1)
-    return served
-
-
-@pytest.fixture
-def serving() -> Iterator[list[Served]]:
-    """Started processes, killed at teardown if a test left one running."""
-    started: list[Served] = []
-    yield started
-    for served in started:
-        if served.process.poll() is None:
-            served.process.kill()
-        served.close()
+from tests.served import GRACE_S, Served, records, serve, write_config
 
 
 @pytest.fixture
 async def fake_url() -> AsyncIterator[str]:
     async with serve_app(make_app()) as url:
         yield url
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 async def stream_chat(url: str, tokens: int, started: asyncio.Event | None = None,

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from proxy.testbed.server import LlamaServer
-from tests.test_ops import SLOTWISE, Served, records, serve, write_config
+from tests.served import SLOTWISE, Served, records, serve, write_config
 
 pytestmark = pytest.mark.real_server
 
@@ -27,16 +27,6 @@ def server(llama_server_binary: Path, tiny_model: Any,
     with LlamaServer(tiny_model.model, lora=tiny_model.lora, args=["-np", "2", "-c", "8192"],
                      binary=llama_server_binary, log_path=log) as running:
         yield running
-
-
-@pytest.fixture
-def serving() -> Iterator[list[Served]]:
-    started: list[Served] = []
-    yield started
-    for served in started:
-        if served.process.poll() is None:
-            served.process.kill()
-        served.close()
 
 
 async def chat(url: str, tokens: int, started: asyncio.Event | None = None,

@@ -32,7 +32,7 @@ class SlotwiseProcess:
         self.stderr_path = work_dir / "slotwise.log"
         body: dict[str, dict[str, Any]] = {"upstream": {"url": upstream_url}, "listen": {"port": 0},
                 "log": {"timing": str(self.timing_path), "level": "info"}, **tables}
-        self.config_path.write_text(_toml(body))
+        self.config_path.write_text(toml_text(body))
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -90,7 +90,8 @@ class SlotwiseProcess:
         self.stop()
 
 
-def _toml(tables: dict[str, dict[str, Any]]) -> str:
+def toml_text(tables: dict[str, dict[str, Any]]) -> str:
+    """A TOML document of tables of plain values (for generated configs)."""
     lines = []
     for name, table in tables.items():
         lines.append(f"[{name}]")
