@@ -51,6 +51,10 @@ class Flight:
     inflight_at_start: list[str] = field(default_factory=list)
     prefill_peers: list[Flight] = field(default_factory=list)  # others whose prefill overlapped
 
+    def prefilling(self) -> bool:
+        """Its prompt is being computed now: by the server, or (chunk mode) in pieces fed ahead."""
+        return self.prefill_start is not None and self.prefill_end is None
+
 
 Listener = Callable[[Flight, Phase, Phase, float], None]
 
@@ -74,7 +78,7 @@ class Registry:
 
     def add(self, flight: Flight, now: float) -> None:
         flight.inflight_at_start = list(self._live)
-        flight.prefill_peers = [f for f in self._live.values() if f.phase is Phase.PREFILLING]
+        flight.prefill_peers = [f for f in self._live.values() if f.prefilling()]
         self._live[flight.id] = flight
         self._notify(flight, Phase.DONE, flight.phase, now)
 

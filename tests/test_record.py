@@ -60,3 +60,19 @@ def test_a_prefill_cut_short_ends_when_its_request_ends() -> None:
     stream.timer.on_end(10.0)
     (seen,) = overlaps(stream)
     assert (seen["from_ms"], seen["to_ms"]) == (1000.0, 2000.0)
+
+
+def test_a_request_arriving_between_pieces_sees_the_prefill_fed_ahead() -> None:
+    registry = Registry()
+    stream, cold, short = flight("stream", 0.0), flight("cold", 0.0), flight("short", 2.0)
+    registry.add(stream, 0.0)
+    registry.add(cold, 0.0)
+    registry.move(cold, Phase.HELD, 0.0)
+    registry.start_prefill(cold, 1.0)  # the first piece; the cold request stays held
+    cold.fed_tokens = 1000
+    registry.add(short, 2.0)  # a short turn arrives while the pieces go on
+    short.timer.on_token(2.3)
+    registry.finish(short, 2.4)
+    short.timer.on_end(2.4)
+    (seen,) = overlaps(short)
+    assert (seen["id"], seen["from_ms"], seen["to_ms"]) == ("cold", 0.0, 400.0)
