@@ -35,8 +35,24 @@ class Scenario:
     """Size of the cold history in words (the record shows its tokens)."""
     lead_s: float = 1.5
     """The streams run alone this long before the cold prompt arrives."""
-    shorts: int = 10
-    short_every_s: float = 0.6
+    shorts: int = 12
+    short_every_s: float = 0.5
+    """Mean interval between short turns."""
+    arrivals: str = "random"
+    """`random`: each short turn arrives at a random moment of its own `short_every_s` window
+    (seeded: the same times on every path), so arrivals fall at any phase of the pieces' rhythm
+    without piling up; `periodic`: exactly every `short_every_s`, which can lock into step with
+    the pieces' rhythm and make the short turns' figures a matter of phase."""
+    arrival_seed: int = 7
+
+    def short_offsets(self) -> list[float]:
+        """When each short turn arrives, in seconds after the cold prompt."""
+        if self.arrivals == "periodic":
+            return [0.3 + i * self.short_every_s for i in range(self.shorts)]
+        if self.arrivals != "random":
+            raise ValueError(f"arrivals must be 'random' or 'periodic', got {self.arrivals!r}")
+        rng = random.Random(self.arrival_seed)
+        return [0.3 + (i + rng.random()) * self.short_every_s for i in range(self.shorts)]
 
 
 @dataclass
@@ -99,9 +115,8 @@ async def play(url: str, sc: Scenario, tag: str, *, cold_seed: int | None,
         cold = (asyncio.create_task(_later(lead, stream(_chat(history(sc.cold_words, cold_seed),
                                                                     8))))
                 if cold_seed is not None else None)
-        shorts = [asyncio.create_task(_later(lead + 0.3 + i * sc.short_every_s,
-                                             stream(_chat(_short(tag, i), 4))))
-                  for i in range(sc.shorts if with_streams else 0)]
+        shorts = [asyncio.create_task(_later(lead + offset, stream(_chat(_short(tag, i), 4))))
+                  for i, offset in enumerate(sc.short_offsets() if with_streams else [])]
         done_streams = list(await asyncio.gather(*streams))
         done_shorts = list(await asyncio.gather(*shorts))
         done_cold = await cold if cold is not None else None

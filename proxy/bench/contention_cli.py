@@ -38,6 +38,13 @@ def add_contention(commands: Any) -> None:
     cmd.add_argument("--cold-words", type=int, default=Scenario.cold_words,
                      help=f"cold history size in words (default {Scenario.cold_words}, "
                           "about 3,400 tokens)")
+    cmd.add_argument("--shorts", type=int, default=Scenario.shorts,
+                     help=f"short turns arriving during the run (default {Scenario.shorts})")
+    cmd.add_argument("--arrivals", choices=("random", "periodic"), default=Scenario.arrivals,
+                     help="short turns arrive each at a random moment of its own "
+                          f"{Scenario.short_every_s} s window (seeded: the same times on every "
+                          f"path) or exactly every {Scenario.short_every_s} s "
+                          f"(default {Scenario.arrivals})")
     cmd.add_argument("--paths", default=",".join(PATHS),
                      help=f"paths to measure, comma-separated (default {','.join(PATHS)})")
     cmd.add_argument("--prefill", action="append", default=[], metavar="KEY=NUMBER",
@@ -76,6 +83,8 @@ def figures(run: Run, base: Baseline) -> dict[str, Any]:
         "short_ttft_p50_x": p50 / b50 if p50 and b50 else None,
         "short_ttft_p90_x": p90 / b90 if p90 and b90 else None,
         "short_ttft_uncontended_p50_s": b50, "short_ttft_uncontended_p90_s": b90,
+        "shorts": len(ttft),
+        "shorts_over_1_5x": sum(1 for t in ttft if t > 1.5 * b90) if b90 else None,
         "cold_ttft_s": cold, "cold_ttft_alone_s": base.cold_ttft,
         "cold_ttft_x": cold / base.cold_ttft if cold else None,
         "tokens_per_s": tokens / (run.ended - run.started),
@@ -106,6 +115,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("short turns' TTFT p50 (s)", "short_ttft_p50_s", "{:.3f}"),
     ("short turns' TTFT p90 (s)", "short_ttft_p90_s", "{:.3f}"),
     ("  p90 as × uncontended", "short_ttft_p90_x", "{:.2f} ×"),
+    ("  short turns over 1.5 × uncontended p90", "shorts_over_1_5x", "{} of {shorts}"),
     ("cold request's TTFT (s)", "cold_ttft_s", "{:.2f}"),
     ("  as × alone", "cold_ttft_x", "{:.2f} ×"),
     ("tokens generated per second, overall", "tokens_per_s", "{:.1f}"),
@@ -116,13 +126,18 @@ def _fmt(fmt: str, value: Any) -> str:
     return "–" if value is None else fmt.format(value)
 
 
+def _cell(fmt: str, key: str, fig: dict[str, Any]) -> str:
+    """`fmt` formats fig[key]; it may name other figures too ("{} of {shorts}")."""
+    return "–" if fig.get(key) is None else fmt.format(fig[key], **fig)
+
+
 def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline]) -> Table:
     table = Table(title="a cold prompt among three generating streams (testbed small model)")
     table.add_column("figure")
     for path in results:
         table.add_column(path, justify="right")
     for label, key, fmt in ROWS:
-        table.add_row(label, *(_fmt(fmt, fig.get(key)) for fig in results.values()))
+        table.add_row(label, *(_cell(fmt, key, fig) for fig in results.values()))
     for name, base in bases.items():
         table.caption = (table.caption or "") + (
             f"baseline {name}: streams alone {base.stream_rate:.1f} tok/s each, short TTFT "
@@ -167,7 +182,8 @@ def est_error(e: dict[str, Any]) -> float | None:
 def run_contention(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     work = temp_dir("slotwise-contention-")
-    sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words)
+    sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words,
+                  shorts=args.shorts, arrivals=args.arrivals)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
                           server_args=args.server_args.split(),
