@@ -1,7 +1,8 @@
 """`slotwise bench contention`: what a cold prompt does to everyone else, in one run on the testbed
 small model. Three streams generate; a cold prompt of several thousand tokens arrives; short turns
 arrive meanwhile. Paths: direct (default batch), direct with `-b 512`, slotwise `defer`, `chunk`.
-Baselines (streams alone, short turns without the cold prompt, the cold prompt alone) per server.
+Baselines (streams alone, short turns without the cold prompt, the cold prompt alone) per server
+setting; every phase runs on a freshly started llama-server.
 """
 
 from __future__ import annotations
@@ -157,14 +158,18 @@ class Baseline:
     cold_prompt_tokens: int | None = None
 
 
-async def baseline(url: str, sc: Scenario, seed: int) -> Baseline:
+async def calm_baseline(url: str, sc: Scenario, seed: int) -> tuple[float, list[float]]:
+    """The streams' mean rate and the short turns' TTFTs with no cold prompt."""
     calm = await play(url, sc, f"calm{seed}", cold_seed=None)
     rates = [r for r in (stream_rate(s) for s in calm.streams) if r]
+    return statistics.mean(rates), [s.ttft for s in calm.shorts if s.ttft is not None]
+
+
+async def alone_baseline(url: str, sc: Scenario, seed: int) -> float:
+    """The cold prompt's TTFT with nothing else running."""
     alone = await play(url, sc, f"alone{seed}", cold_seed=seed, with_streams=False)
     assert alone.cold is not None and alone.cold.ttft is not None, "the cold prompt got no token"
-    return Baseline(stream_rate=statistics.mean(rates),
-                    short_ttft=[s.ttft for s in calm.shorts if s.ttft is not None],
-                    cold_ttft=alone.cold.ttft)
+    return alone.cold.ttft
 
 
 async def through(url: str, work: Path, mode: str, sc: Scenario, seed: int,
@@ -184,7 +189,11 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
             paths: Sequence[str] = PATHS, server_args: Sequence[str] = SERVER_ARGS,
             binary: Path | None = None,
             log: Callable[[str], None] = print) -> tuple[dict[str, Run], dict[str, Baseline]]:
-    """The chosen paths in one run; returns the runs by path name and each server's baseline."""
+    """The chosen paths in one run; returns the runs by path name and each server's baseline.
+
+    Every phase (each baseline, each path) gets a llama-server of its own, started fresh: a slot
+    still holding an earlier phase's long prompt is copied to RAM when a new request takes it
+    (on the server's main loop, stalling everyone), which would charge one phase for another."""
     model = write_model(model_dir, "small", seed=0)
     runs: dict[str, Run] = {}
     bases: dict[str, Baseline] = {}
@@ -193,12 +202,22 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
     for name, extra, wanted in servers:
         if not wanted:
             continue
-        with LlamaServer(model.model, args=[*server_args, *extra], binary=binary,
-                         log_path=work / f"llama-server-{name}.log") as server:
-            log(f"llama-server {' '.join([*server_args, *extra])}: baselines …")
-            bases[name] = asyncio.run(baseline(server.url, sc, seed=100 + len(bases)))
-            for seed, path in enumerate(wanted, start=1 + 10 * len(bases)):
-                log(f"{path} …")
+        args = [*server_args, *extra]
+
+        def fresh(phase: str, args: list[str] = args, name: str = name) -> LlamaServer:
+            return LlamaServer(model.model, args=args, binary=binary,
+                               log_path=work / f"llama-server-{name}-{phase}.log")
+
+        log(f"llama-server {' '.join(args)}: baselines …")
+        seed = 100 + len(bases)
+        with fresh("calm") as server:
+            rate, shorts = asyncio.run(calm_baseline(server.url, sc, seed))
+        with fresh("alone") as server:
+            cold_alone = asyncio.run(alone_baseline(server.url, sc, seed))
+        bases[name] = Baseline(stream_rate=rate, short_ttft=shorts, cold_ttft=cold_alone)
+        for seed, path in enumerate(wanted, start=1 + 10 * len(bases)):
+            log(f"{path} …")
+            with fresh(path) as server:
                 if path in ("defer", "chunk"):
                     runs[f"slotwise {path}"] = asyncio.run(
                         through(server.url, work, path, sc, seed, prefill))
