@@ -1,10 +1,15 @@
-"""The contention benchmark's scenario: when short turns arrive."""
+"""The benchmarks' own parts: when the contention benchmark's short turns arrive, and what the
+pieces benchmark measures on a real server."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from proxy.bench.contention import Scenario
+from proxy.bench.pieces import measure
+from tests.conftest import StartLlamaServer
 
 
 def test_random_arrivals_are_the_same_on_every_path_and_fall_at_any_phase() -> None:
@@ -26,3 +31,12 @@ def test_periodic_arrivals_keep_a_fixed_rhythm() -> None:
 def test_an_unknown_arrival_pattern_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'bursty'"):
         Scenario(arrivals="bursty").short_offsets()
+
+
+def test_each_piece_computes_only_its_own_tokens_on_top_of_the_cached_prefix(
+        start_llama_server: StartLlamaServer) -> None:
+    server = start_llama_server(lora=False, args=["-np", "3", "--no-cache-idle-slots"])
+    figures = asyncio.run(measure(server.url, prefix=300, sizes=(16, 64), streams=1, seed=1))
+    assert [(p.tokens, p.prefix) for p in figures.pieces] == [(16, 300), (64, 316)]
+    assert all(0 < p.prompt_ms <= p.wall_ms for p in figures.pieces)
+    assert len(figures.short_prompt_ms) == 2 and min(figures.short_prompt_ms) > 0

@@ -17,14 +17,17 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(handler=lambda args: _usage(bench))
     overhead = commands.add_parser(
         "overhead", help="time to first token and relay rate, direct versus through slotwise")
-    overhead.add_argument("--pairs", type=_positive, default=40,
+    overhead.add_argument("--pairs", type=positive_int, default=40,
                           help="requests per path for time to first token (default 40)")
-    overhead.add_argument("--streams", type=_positive, default=8,
+    overhead.add_argument("--streams", type=positive_int, default=8,
                           help="concurrent streams for the relay rate (default 8)")
-    overhead.add_argument("--tokens", type=_positive, default=1500,
+    overhead.add_argument("--tokens", type=positive_int, default=1500,
                           help="tokens per stream for the relay rate (default 1500)")
     overhead.add_argument("--json", action="store_true", help="also print the figures as JSON")
     overhead.set_defaults(handler=run_overhead)
+    from proxy.bench.pieces_cli import add_pieces
+
+    add_pieces(commands)
     try:
         from proxy.bench.contention_cli import add_contention
     except ModuleNotFoundError as exc:
@@ -34,7 +37,7 @@ def register(subparsers: Any) -> None:
         add_contention(commands)
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -72,3 +75,4 @@ def run_overhead(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(figures.as_dict(), option=orjson.OPT_INDENT_2).decode())
     return 0
+
