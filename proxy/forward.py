@@ -26,6 +26,7 @@ from proxy.inflight import Flight, Phase, Registry
 from proxy.record import Outcome
 from proxy.signals import Signal, What, interpret
 from proxy.sse import SseParser
+from proxy.upstream_call import DEAD_CONNECTION, send
 
 Clock = Callable[[], float]
 KEEP_BODY_BYTES = 4 << 20  # a non-streamed answer larger than this is relayed but not parsed
@@ -33,29 +34,20 @@ KEEP_BODY_BYTES = 4 << 20  # a non-streamed answer larger than this is relayed b
 
 async def open_upstream(session: aiohttp.ClientSession, method: str, url: Any, *,
                         headers: Any, data: Any, read_timeout_s: float) -> aiohttp.ClientResponse:
-    """Send the request; return once the upstream's response headers are in.
-
-    A pooled connection the upstream has already closed fails before the request reaches it
-    (llama-server closes its end after a streamed response without saying so), so a request whose
-    body can be sent again is retried once on a new connection.
-    """
+    """Send the request; return once the upstream's response headers are in. A request whose
+    body can be sent again is retried once after a dead pooled connection (`upstream_call`)."""
     replayable = data is None or isinstance(data, bytes)
-    for attempt in (1, 2):
-        try:
-            return await session.request(method, url, headers=headers, data=data,
-                                         allow_redirects=False)
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise UpstreamTimeout(f"no answer from the upstream within {read_timeout_s:g} s") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamUnavailable(f"cannot connect to the upstream "
-                                      f"{exc.host}:{exc.port}: {exc.os_error.strerror or exc}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                aiohttp.ClientPayloadError) as exc:
-            if attempt == 1 and replayable:
-                continue
-            raise UpstreamUnavailable(f"the upstream closed the connection before answering "
-                                      f"({type(exc).__name__})") from exc
-    raise AssertionError("unreachable")
+    try:
+        return await send(session, method, url, replayable=replayable, headers=headers, data=data,
+                          allow_redirects=False)
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeout(f"no answer from the upstream within {read_timeout_s:g} s") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamUnavailable(f"cannot connect to the upstream "
+                                  f"{exc.host}:{exc.port}: {exc.os_error.strerror or exc}") from exc
+    except DEAD_CONNECTION as exc:
+        raise UpstreamUnavailable(f"the upstream closed the connection before answering "
+                                  f"({type(exc).__name__})") from exc
 
 
 class Relay:

@@ -28,6 +28,7 @@ from proxy.lora import (
     parse_server_adapters,
 )
 from proxy.state import STATE, ProxyState
+from proxy.upstream_call import send
 
 log = logging.getLogger("slotwise.lora")
 
@@ -50,9 +51,9 @@ async def fetch_adapters(session: aiohttp.ClientSession, url: str,
     with something that is not an adapter list. `headers`: slotwise's own (the API key)."""
     where = f"GET {url}/lora-adapters"
     try:
-        async with session.get(url + "/lora-adapters",
-                               headers={**(headers or {}), "Accept-Encoding": "identity"},
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with await send(session, "GET", url + "/lora-adapters",
+                              headers={**(headers or {}), "Accept-Encoding": "identity"},
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             status, body = response.status, await response.read()
     except TimeoutError as exc:
         raise Unreachable(f"{where}: no answer within {timeout_s:g} s") from exc
@@ -73,9 +74,9 @@ async def set_global_scales(session: aiohttp.ClientSession, url: str, array: Lor
                             headers: Mapping[str, str] | None = None) -> None:
     """`POST /lora-adapters`: make the server's global scales the profile (logged, never raised)."""
     try:
-        async with session.post(url + "/lora-adapters", json=array,
-                                headers={**(headers or {}), "Accept-Encoding": "identity"},
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with await send(session, "POST", url + "/lora-adapters", json=array,
+                              headers={**(headers or {}), "Accept-Encoding": "identity"},
+                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             status, body = response.status, await response.read()
     except (TimeoutError, aiohttp.ClientError) as exc:
         log.warning("cannot set the upstream's global LoRA scales (will retry): %s: %s",

@@ -22,6 +22,7 @@ from proxy.inflight import Flight, Phase
 from proxy.lifecycle import OPS, Operations
 from proxy.state import STATE, ProxyState
 from proxy.timing import percentile
+from proxy.upstream_call import send
 
 RECENT_S = 300.0  # the "last minutes" the page summarises
 RECENT_MAX = 5000  # records kept at most, whatever the rate
@@ -48,8 +49,8 @@ class SlotsView:
     async def _fetch(self, state: ProxyState) -> None:
         timeout = aiohttp.ClientTimeout(total=SLOTS_TIMEOUT_S)
         try:
-            async with state.session.get(state.upstream_url + "/slots", timeout=timeout,
-                                         headers=state.own_headers()) as resp:
+            async with await send(state.session, "GET", state.upstream_url + "/slots",
+                                  timeout=timeout, headers=state.own_headers()) as resp:
                 body = await resp.json(content_type=None) if resp.status == 200 else None
                 if not isinstance(body, list):
                     raise ValueError(f"HTTP {resp.status}, not a list of slots")

@@ -25,6 +25,7 @@ from proxy.estimate.prompt import (
     ids_of,
     tokenize_mixed,
 )
+from proxy.upstream_call import send
 
 
 class PromptTokenizer(Protocol):
@@ -71,8 +72,8 @@ class UpstreamTokenizer:
         url = self._base + path
         headers = {**self._headers, "Content-Type": "application/json"}
         try:
-            async with self._session.post(url, data=orjson.dumps(payload), headers=headers,
-                                          timeout=self._timeout) as resp:
+            async with await send(self._session, "POST", url, data=orjson.dumps(payload),
+                                  headers=headers, timeout=self._timeout) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise EstimateError(f"{path} answered HTTP {resp.status}: {raw[:200]!r}")

@@ -22,6 +22,7 @@ from proxy.estimate import (
     UpstreamTokenizer,
     estimate,
 )
+from proxy.upstream_call import send
 
 log = logging.getLogger("slotwise.prefill")
 
@@ -76,8 +77,9 @@ class Estimator:
     async def read_props(self) -> None:
         """Size the cache model from `/props` (slots, per-slot context); retried until it works."""
         try:
-            async with self._session.get(self._base_url() + "/props", headers=self._headers(),
-                                         timeout=aiohttp.ClientTimeout(total=5.0)) as response:
+            async with await send(self._session, "GET", self._base_url() + "/props",
+                                  headers=self._headers(),
+                                  timeout=aiohttp.ClientTimeout(total=5.0)) as response:
                 props = orjson.loads(await response.read()) if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             log.debug("cannot read /props yet: %s", exc)

@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 from proxy.prefill.pieces import PIECE_PATH, piece_body
+from proxy.upstream_call import send
 
 
 class PieceError(Exception):
@@ -49,8 +50,8 @@ class PieceFeeder:
         url = self._base_url().rstrip("/") + PIECE_PATH
         start = self._clock()
         try:
-            async with self._session.post(
-                    url, data=orjson.dumps(body), timeout=self._timeout,
+            async with await send(
+                    self._session, "POST", url, data=orjson.dumps(body), timeout=self._timeout,
                     headers={**self._headers(), "Content-Type": "application/json",
                              "Accept-Encoding": "identity"}) as response:
                 raw = await response.read()
