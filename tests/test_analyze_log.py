@@ -65,6 +65,16 @@ def test_tasks_rebuilt_on_the_time_axis() -> None:
     assert len(tasks[0].tg) == 9
 
 
+def test_slot_switches_that_stall_the_server_are_counted_by_how_the_slot_was_chosen() -> None:
+    tasks = {t.task: t for t in excerpt_tasks()}
+    assert tasks[0].slot_switch_ms == pytest.approx(10.0)  # chosen at 9.990 s, started at 10.000
+    assert tasks[5].slot_switch_ms == pytest.approx(50.0)
+    rows = {r.label: r for r in task_tables.slot_switch_table(list(tasks.values())).rows}
+    lru, lcp = rows["selected by LRU"], rows["selected by LCP similarity"]
+    assert lru.n == 2 and lru.values == pytest.approx((1, 50.0, 50.0, 0.05))  # one over 20 ms
+    assert lcp.n == 1 and lcp.values[0] == 0 and lcp.values[1] is None
+
+
 def test_tg3s_during_a_long_prefill_versus_otherwise() -> None:
     rows = {r.label: r for r in task_tables.tg3s_table(excerpt_tasks(), 15000).rows}
     during = rows["while another slot prefilled >= 15,000 tokens"]

@@ -69,6 +69,7 @@ def server_report(
         tables.time_split_table(spans, index),
         task_tables.tg3s_table(finished, th.long_prefill),
         task_tables.prefill_steps_table(finished),
+        task_tables.slot_switch_table(tasks),
         tables.waits_table(spans, index, th),
         tables.ttft_table(spans, index, th),
     ) + ((tables.sources_table(spans, th),) if pairing_note else ())

@@ -1,5 +1,5 @@
 """Aggregation that only llama-server's log allows: tg_3s against other slots' prefills, prefill
-speed by step size, and the accounting of every log line.
+speed by step size, slot switches that stall the server, and the accounting of every log line.
 """
 
 from __future__ import annotations
@@ -80,6 +80,35 @@ def prefill_steps_table(tasks: Sequence[Task]) -> Table:
         rows,
         n_label="steps",
         note="" if rows else "no consecutive 'prompt processing' lines (prompts under 3 s)",
+    )
+
+
+SLOW_SWITCH_MS = 20.0
+"""A slot switch this long is a RAM-cache copy, not bookkeeping (an empty slot takes < 1 ms)."""
+
+
+def slot_switch_table(tasks: Sequence[Task]) -> Table:
+    """Time from choosing a slot to starting the task, by how the slot was chosen."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for task in tasks:
+        if task.slot_switch_ms is not None:
+            groups[task.selected_by or "?"].append(task.slot_switch_ms)
+    rows = []
+    for method, gaps in sorted(groups.items()):
+        slow = [g for g in gaps if g >= SLOW_SWITCH_MS]
+        rows.append(Row(f"selected by {method}", len(gaps),
+                        (len(slow), quantile(slow, 0.5), max(gaps), sum(slow) / 1000.0)))
+    return Table(
+        "slot_switches",
+        "Slot switches: choosing a slot to starting the task",
+        (f">= {SLOW_SWITCH_MS:.0f} ms", "median of those", "max", "total of those"),
+        ("", "ms", "ms", "s"),
+        tuple(rows),
+        n_label="tasks",
+        note="llama-server copies the slot's previous prompt to its RAM cache (and a cached one "
+        "back) before the task starts, on its main loop: every generating slot waits meanwhile. "
+        "Many slow switches: more slots (-np), or --cache-ram 0 if returning prompts are rare"
+        if rows else "no 'selected slot' lines in this log",
     )
 
 

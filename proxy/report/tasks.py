@@ -24,6 +24,9 @@ class Task:
     seen_start: bool = True
     """False when the log began after this task had started."""
     selected_by: str | None = None
+    selected_s: float | None = None
+    """When llama-server chose the slot; until `start_s` it may copy prompts to and from its RAM
+    cache, on its main loop, while every other slot waits."""
     prompt_n: int | None = None
     prompt_ms: float | None = None
     predicted_n: int | None = None
@@ -55,6 +58,11 @@ class Task:
         return None if decode is None or self.prompt_ms is None else decode - self.prompt_ms / 1000
 
     @property
+    def slot_switch_ms(self) -> float | None:
+        """From choosing the slot to starting the task (the RAM prompt cache's save/restore)."""
+        return None if self.selected_s is None else (self.start_s - self.selected_s) * 1000.0
+
+    @property
     def cache_n(self) -> int | None:
         """Prompt tokens reused: the slot's tokens at release minus those computed in this task."""
         if self.n_tokens is None or self.prompt_n is None or self.predicted_n is None:
@@ -80,6 +88,7 @@ class Task:
             "n_tokens_at_release": self.n_tokens,
             "cache_n_estimate": self.cache_n,
             "selected_by": self.selected_by,
+            "slot_switch_ms": self.slot_switch_ms,
             "seen_start": self.seen_start,
             "cancelled": self.cancelled,
             "error": self.error,
@@ -89,15 +98,15 @@ class Task:
 
 def rebuild_tasks(events: Iterable[Event]) -> list[Task]:
     tasks: dict[tuple[int, int], Task] = {}
-    selected: dict[tuple[int, int], str] = {}
+    selected: dict[tuple[int, int], tuple[str, float]] = {}
     for ev in events:
         if ev.kind == "selected":
-            selected[(ev.run, ev.slot)] = ev.values[0]
+            selected[(ev.run, ev.slot)] = (ev.values[0], ev.t)
             continue
         if ev.kind == "launch":
-            tasks[(ev.run, ev.task)] = Task(
-                ev.run, ev.slot, ev.task, ev.t, selected_by=selected.pop((ev.run, ev.slot), None)
-            )
+            by, at = selected.pop((ev.run, ev.slot), (None, None))
+            tasks[(ev.run, ev.task)] = Task(ev.run, ev.slot, ev.task, ev.t, selected_by=by,
+                                            selected_s=at)
             continue
         task = tasks.get((ev.run, ev.task))
         if task is None:
