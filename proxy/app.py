@@ -22,12 +22,18 @@ from proxy.timing_log import TimingLog
 log = logging.getLogger("slotwise")
 
 
+UPSTREAM_IDLE_KEEP_S = 4.0
+"""llama-server closes a kept-alive connection after 5 s idle (`Keep-Alive: timeout=5`); one
+reused just then dies under the request (`upstream_call` retries it), so idle ones go sooner."""
+
+
 def upstream_session(config: Config) -> aiohttp.ClientSession:
     """The one client session: pooled connections, no total timeout (a generation may run long),
     bytes passed on exactly as the upstream sent them."""
     timeout = aiohttp.ClientTimeout(total=None, connect=config.upstream.connect_timeout_s,
                                     sock_read=config.upstream.read_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
+                                     keepalive_timeout=UPSTREAM_IDLE_KEEP_S)
     return aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
                                  skip_auto_headers=("User-Agent", "Content-Type"))
 
