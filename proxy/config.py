@@ -86,7 +86,7 @@ class PrefillConfig:
     """A request whose estimated new prompt tokens reach this is cold."""
     max_hold_s: float = 30.0
     """defer: the longest a cold request is held."""
-    max_stall_ms: float = 320.0
+    max_stall_ms: float = 160.0
     """chunk: the longest stall a piece may cause to the generating streams."""
     prefill_share: float = 0.55
     """chunk: the share of time given to the cold prompt's pieces (the rest to the decoders alone)."""

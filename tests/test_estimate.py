@@ -73,6 +73,14 @@ class TestCacheModel:
         assert cache.entries == 1
         assert cache.cached_tokens == (768,)
 
+    def test_a_prompt_sharing_little_takes_a_new_slot_like_the_server(self) -> None:
+        cache = CacheModel(4, 8192)
+        short = [7, 8, 9, *seq(100, 40)]
+        cache.record(short)
+        cache.record([7, *seq(5000, 3000)])  # a cold prompt shares one token: not the same slot
+        assert cache.entries == 2
+        assert cache.estimate_cached([7, 8, 9, *seq(100, 7), *seq(900, 30)]) == 10
+
     def test_lru_bounded_by_slot_count(self) -> None:
         cache = CacheModel(2, 8192)
         cache.record(seq(0, 256))

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 BLOCK_TOKENS = 64
+SLOT_SIMILARITY = 0.1
+"""llama-server's `--slot-prompt-similarity` default: a prompt goes to the slot it shares the
+longest prefix with only if that prefix is more than this share of the prompt."""
 
 
 def block_hashes(ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
@@ -121,8 +124,10 @@ class CacheModel:
         self._entries = [e for e in self._entries if e.ids]
 
     def _best_match(self, ids: Sequence[int], chain: list[int]) -> int | None:
+        """The entry the server would put this prompt in: the longest shared prefix, if it is more
+        than SLOT_SIMILARITY of the prompt (else the server takes its least recently used slot)."""
         shared = self._shared(ids, chain)
-        if not shared or max(shared) == 0:
+        if not shared or max(shared) <= SLOT_SIMILARITY * len(ids):
             return None
         return shared.index(max(shared))
 
