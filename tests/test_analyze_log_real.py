@@ -97,3 +97,22 @@ def test_long_prefill_overlapping_generation(
     assert main([*args, "--timeline", str(png)]) == 0
     assert main([*args, "--timeline", str(html)]) == 0
     assert png.stat().st_size > 10_000 and "data-timeline-ready" in html.read_text()
+
+
+@pytest.mark.real_server
+def test_a_slot_taken_over_by_a_new_prompt_shows_as_a_slow_switch(
+    start_llama_server: Any, small_model: Any, tmp_path: Path
+) -> None:
+    """With one slot and the RAM prompt cache on (the default), a new unrelated prompt makes
+    llama-server copy the slot's long prompt to RAM before it starts: a slot switch of tens of ms,
+    where the first task (an empty slot) switches in well under a millisecond."""
+    server = start_llama_server(small_model, lora=False, args=("-np", "1", "-c", "8192"))
+    rng = random.Random(1)
+    complete(server.url, {"prompt": tokens(rng, 3000), "n_predict": 1})
+    complete(server.url, {"prompt": tokens(rng, 20), "n_predict": 1})
+    tasks = rebuild_tasks(parse_server_log(server.log_path.read_text().splitlines()).events)
+    empty, taken_over = [t.slot_switch_ms for t in tasks]
+    assert empty is not None and taken_over is not None
+    assert empty < 5.0 < task_tables.SLOW_SWITCH_MS <= taken_over
+    rows = task_tables.slot_switch_table(tasks).rows
+    assert sum(row.values[0] or 0 for row in rows) == 1  # one slow switch, counted once
