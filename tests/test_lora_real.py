@@ -23,6 +23,7 @@ from proxy.runner import ProxyThread
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
 from tests.conftest import StartLlamaServer
+from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
 
@@ -183,6 +184,13 @@ async def anthropic_message(session: aiohttp.ClientSession, url: str) -> Any:
     return slot["params"]["lora"]
 
 
+async def infill(session: aiohttp.ClientSession, url: str, lora: list[dict[str, Any]]) -> None:
+    body = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n", "n_predict": 4,
+            "lora": lora}
+    async with session.post(url + "/infill", json=body) as response:
+        assert response.status == 200, await response.text()
+
+
 async def slot_lora(session: aiohttp.ClientSession, server_url: str) -> Any:
     async with session.get(server_url + "/slots") as response:
         (slot,) = await response.json()
@@ -202,11 +210,15 @@ async def test_fixed_sends_one_identical_array_with_and_without_client_lora(
         second = await completion(session, proxy.url, prefix + "Two", [{"id": 0, "scale": 1.0}])
         second_lora = await slot_lora(session, server.url)
         messages_lora = await anthropic_message(session, proxy.url)
+        await infill(session, proxy.url, [{"id": 0, "scale": 1.0}])
+        infill_lora = await slot_lora(session, server.url)
         async with session.get(server.url + "/lora-adapters") as response:
             global_scales = [round(a["scale"], 4) for a in await response.json()]
     print("slot params.lora:", first_lora, second_lora, "second cache_n:",
           second["timings"]["cache_n"], "/v1/messages:", messages_lora, "global:", global_scales)
-    assert first_lora == second_lora == [{"id": 0, "scale": 0.5}]
+    assert first_lora == second_lora == infill_lora == [{"id": 0, "scale": 0.5}]
+    infill_record = next(r for r in read_records(proxy, 4) if r["endpoint"] == "/infill")
+    assert infill_record["lora_rewritten"] is True and infill_record["outcome"] == "done"
     # /v1/messages drops `lora` (this build): such a request runs on the global scales, which
     # slotwise set to the same profile.
     assert messages_lora in ([], first_lora)

@@ -102,18 +102,37 @@ def raw_events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]
     return events
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/completion", "/v1/completions"])
+INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n"}
+
+
+@pytest.mark.parametrize("path",
+                         ["/v1/chat/completions", "/completion", "/v1/completions", "/infill"])
 def test_raw_streams_match_chunk_for_chunk(server: LlamaServer, proxy: ProxyThread,
                                            path: str) -> None:
     body: dict[str, Any] = {"stream": True, "temperature": 0, "seed": 1, "n_predict": 16,
                             "cache_prompt": False}
     if path == "/v1/chat/completions":
         body["messages"] = MESSAGES
+    elif path == "/infill":
+        body.update(INFILL)
     else:
         body["prompt"] = "Once upon a time"
     direct, proxied = raw_events(server.url, path, body), raw_events(proxy.url, path, body)
     assert len(direct) >= 16
     assert proxied == direct
+
+
+def test_infill_non_streamed_is_the_same_and_timed(server: LlamaServer,
+                                                   proxy: ProxyThread) -> None:
+    body = {**INFILL, "n_predict": 8, "temperature": 0, "seed": 1, "cache_prompt": False}
+    direct, proxied = (http("POST", url + "/infill", json=body) for url in (server.url, proxy.url))
+    assert direct.status_code == proxied.status_code == 200
+    a, b = direct.json(), proxied.json()
+    assert a["content"] == b["content"] and a["tokens_predicted"] == b["tokens_predicted"] == 8
+    (rec,) = read_records(proxy, 1)
+    assert (rec["kind"], rec["outcome"], rec["stream"]) == ("infill", "done", False)
+    assert rec["prompt_tokens"] == b["timings"]["prompt_n"] + b["timings"]["cache_n"] > 10
+    assert rec["timings"]["predicted_n"] == 8
 
 
 def test_completions_non_streamed_is_the_same(server: LlamaServer, proxy: ProxyThread) -> None:

@@ -25,6 +25,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+"""Fill-in-the-middle markers, so that llama-server serves `/infill` with the testbed model."""
+FIM_KEYS = (gguf.Keys.Tokenizer.FIM_PRE_ID, gguf.Keys.Tokenizer.FIM_SUF_ID,
+            gguf.Keys.Tokenizer.FIM_MID_ID)
 # Common English letter pairs, and a space ('Ġ' in GPT-2 spelling) before common initials.
 LETTER_PAIRS = (
     "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of", "ed",
@@ -98,8 +102,9 @@ def build_vocab() -> Vocab:
     printable = [*range(0x20, 0x7F), *range(256, len(tokens))]
     eos = len(tokens) + CONTROL_TOKENS.index("<|im_end|>")
     bos = len(tokens) + CONTROL_TOKENS.index("<|endoftext|>")
-    types = [gguf.TokenType.NORMAL] * len(tokens) + [gguf.TokenType.CONTROL] * len(CONTROL_TOKENS)
-    tokens += CONTROL_TOKENS
+    control = (*CONTROL_TOKENS, *FIM_TOKENS)
+    types = [gguf.TokenType.NORMAL] * len(tokens) + [gguf.TokenType.CONTROL] * len(control)
+    tokens += control
     padding = VOCAB_SIZE - len(tokens)
     tokens += [f"[PAD{i}]" for i in range(padding)]
     types += [gguf.TokenType.UNUSED] * padding
@@ -161,6 +166,8 @@ def _add_tokenizer(writer: gguf.GGUFWriter, vocab: Vocab) -> None:
     writer.add_eos_token_id(vocab.eos)
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
+    for key, token in zip(FIM_KEYS, FIM_TOKENS, strict=True):
+        writer.add_uint32(key, vocab.tokens.index(token))
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
