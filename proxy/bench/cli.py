@@ -71,8 +71,13 @@ def run_overhead(args: argparse.Namespace) -> int:
                   f"{figures.events_per_cpu_s:,.0f}",
                   f"{figures.events_relayed:,} events in {figures.proxy_cpu_s:.2f} s CPU "
                   "(aim ≥ 5,000)")
+    return show(table, figures.as_dict(), as_json=args.json)
+
+
+def show(table: Table, figures: dict[str, Any], *, as_json: bool) -> int:
+    """Print a benchmark's table, and its figures as JSON if asked; the command's exit status."""
     Console().print(table)
-    if args.json:
-        print(orjson.dumps(figures.as_dict(), option=orjson.OPT_INDENT_2).decode())
+    if as_json:
+        print(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
     return 0
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import statistics
 import sys
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.cli import positive_int
+from proxy.bench.cli import positive_int, show
 from proxy.bench.contention import SERVER_ARGS
 from proxy.bench.harness import temp_dir
 from proxy.bench.pieces import SIZES, measure
@@ -68,7 +68,7 @@ def run_pieces(args: argparse.Namespace) -> int:
             url, headers, where = server.url, {}, "testbed small model"
         figures = asyncio.run(measure(url, prefix=args.prefix, sizes=sizes,
                                       streams=args.streams, headers=headers))
-    short = sorted(figures.short_prompt_ms)[len(figures.short_prompt_ms) // 2]
+    short = statistics.median(figures.short_prompt_ms)
     table = Table(title=f"one piece's batch, {figures.streams} streams decoding ({where})")
     for column in ("piece tokens", "after prefix", "batch (server) ms", "ms per token",
                    "sent → answered ms", "× a short turn's prompt"):
@@ -80,7 +80,4 @@ def run_pieces(args: argparse.Namespace) -> int:
     table.caption = (f"a short turn's own prompt (same conditions, median of "
                      f"{len(figures.short_prompt_ms)}): {short:.1f} ms. A request arriving "
                      "during a piece waits for the rest of its batch.")
-    Console().print(table)
-    if args.json:
-        print(orjson.dumps(figures.as_dict(), option=orjson.OPT_INDENT_2).decode())
-    return 0
+    return show(table, figures.as_dict(), as_json=args.json)
