@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
-         "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard")
+from proxy.bench.contention import WORDS
+
 SIZES = (16, 32, 64, 128, 256)
 
 
