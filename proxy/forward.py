@@ -27,6 +27,7 @@ from proxy.record import Outcome
 from proxy.signals import Signal, What, interpret
 from proxy.sse import SseParser
 from proxy.upstream_call import DEAD_CONNECTION, send
+from proxy.usage import prompt_counts
 
 Clock = Callable[[], float]
 KEEP_BODY_BYTES = 4 << 20  # a non-streamed answer larger than this is relayed but not parsed
@@ -139,6 +140,8 @@ class Relay:
             self._observe_timings(signal.timings)
         if signal.prompt_tokens is not None:
             flight.prompt_tokens = signal.prompt_tokens
+        if signal.new_tokens is not None and self.out.timings is None:  # timings rule if given
+            flight.new_tokens = signal.new_tokens
 
     def _observe_progress(self, progress: dict[str, Any], now: float) -> None:
         flight = self.flight
@@ -175,9 +178,11 @@ class Relay:
         timings = obj.get("timings")
         if isinstance(timings, dict):
             self._observe_timings(timings)
-        usage = obj.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-            self.flight.prompt_tokens = usage["prompt_tokens"]
+        total, computed = prompt_counts(self.kind, obj)
+        if total is not None:
+            self.flight.prompt_tokens = total
+        if computed is not None and not isinstance(timings, dict):
+            self.flight.new_tokens = computed
 
     def close_upstream(self) -> None:
         """Close the upstream connection if the response did not finish: llama-server then

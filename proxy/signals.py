@@ -12,6 +12,7 @@ import orjson
 
 from proxy.endpoints import Kind
 from proxy.sse import SseEvent
+from proxy.usage import prompt_counts
 
 
 class What(enum.Enum):
@@ -29,6 +30,7 @@ class Signal:
     progress: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     prompt_tokens: int | None = None  # from `usage`, when the event carries it
+    new_tokens: int | None = None  # the prompt tokens computed (not cached), from `usage`
     error: str | None = None
     final: bool = False  # the native final object (`stop: true`)
 
@@ -57,10 +59,12 @@ def interpret(kind: Kind, event: SseEvent) -> Signal:
     if isinstance(progress, dict):
         return Signal(What.PROGRESS, progress=progress, timings=timings)
     has_text = _HAS_TEXT.get(kind, _any_data)(obj)
+    prompt_tokens, new_tokens = prompt_counts(kind, obj)
     return Signal(
         What.TOKEN if has_text else What.NOTHING,
         timings=timings,
-        prompt_tokens=_usage_prompt_tokens(obj),
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
         final=obj.get("stop") is True,
     )
 
@@ -69,15 +73,6 @@ def _error_text(error: Any) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or error)
     return str(error)
-
-
-def _usage_prompt_tokens(obj: dict[str, Any]) -> int | None:
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        value = usage.get("prompt_tokens", usage.get("input_tokens"))
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -135,6 +135,23 @@ def test_infill_non_streamed_is_the_same_and_timed(server: LlamaServer,
     assert rec["timings"]["predicted_n"] == 8
 
 
+ANTHROPIC = {"model": "m", "max_tokens": 4, "system": "You are terse.",
+             "messages": [{"role": "user", "content": "Name three rivers, briefly. " * 8}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_messages_count_the_cached_prompt_too(server: LlamaServer, proxy: ProxyThread,
+                                                        stream: bool) -> None:
+    """/v1/messages reports only the computed tokens as `input_tokens` and the cached ones apart:
+    the record's prompt_tokens is their sum, the same on a warm repeat as on the cold first."""
+    body = {**ANTHROPIC, "stream": stream}
+    counted = http("POST", server.url + "/v1/messages/count_tokens", json=ANTHROPIC).json()
+    for _ in range(2):
+        assert http("POST", proxy.url + "/v1/messages", json=body).status_code == 200
+    cold, warm = read_records(proxy, 2)
+    assert cold["prompt_tokens"] == warm["prompt_tokens"] == counted["input_tokens"] > 30
+
+
 def test_completions_non_streamed_is_the_same(server: LlamaServer, proxy: ProxyThread) -> None:
     direct, proxied = clients(server, proxy)
     a = direct.completions.create(model="m", prompt="The road", extra_body=NO_CACHE, **FIXED)
