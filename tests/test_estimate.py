@@ -16,6 +16,7 @@ from proxy.estimate import (
     block_hashes,
     estimate,
 )
+from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.prompt import (
     check_kind,
     completion_prompt,
@@ -200,7 +201,7 @@ class TestPromptShapes:
         assert calls == [("abc", True), ("ab", True), ("cde", False), ("ab", False)]
 
     def test_kinds(self) -> None:
-        for kind in ("chat", "completion", "completions"):
+        for kind in ("chat", "completion", "completions", "messages"):
             check_kind(kind)
         with pytest.raises(NotEstimable, match="infill"):
             check_kind("infill")
@@ -222,3 +223,43 @@ async def _unreachable(session: aiohttp.ClientSession) -> None:
         await upstream.tokenize_request("chat", {"messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(NotEstimable):
         await upstream.tokenize_request("completion", {"prompt": ["a", "b"]})
+
+
+class TestAnthropicMessages:
+    """The chat body llama-server makes of a /v1/messages body (server_chat_convert_anthropic_to_oai)."""
+
+    def test_system_blocks_join_and_the_billing_hash_is_blanked(self) -> None:
+        body = {"system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1; cch=a5145;"},
+                           {"type": "text", "text": "You are helpful."}],
+                "messages": []}
+        assert messages_as_chat(body)["messages"] == [{"role": "system", "content":
+            "x-anthropic-billing-header: cc=1; cch=fffff;You are helpful."}]
+
+    def test_blocks_become_content_tool_calls_reasoning_and_tool_messages(self) -> None:
+        body = {"messages": [
+            {"role": "assistant"},  # no content: dropped, as the server does
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hm"},
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {"b": 1, "a": [2]}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                {"type": "image", "source": {"type": "url", "url": "http://x/i.png"}},
+                {"type": "text", "text": "next"}]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"}}
+        chat = messages_as_chat(body)
+        assert chat["messages"] == [
+            {"role": "assistant", "content": "", "reasoning_content": "hm",
+             "tool_calls": [{"id": "t1", "type": "function",
+                             "function": {"name": "f", "arguments": '{"b":1,"a":[2]}'}}]},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://x/i.png"}},
+                {"type": "text", "text": "next"}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "ok"}]
+        assert chat["tools"] == [{"type": "function", "function": {
+            "name": "f", "description": "", "parameters": {"type": "object"}}}]
+        assert chat["tool_choice"] == "required"
+
+    def test_a_body_without_messages_is_not_estimable(self) -> None:
+        with pytest.raises(NotEstimable, match="'messages'"):
+            messages_as_chat({"system": "hi"})

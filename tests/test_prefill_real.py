@@ -113,6 +113,48 @@ def test_chunked_prompt_finds_itself_cached(server: LlamaServer, tmp_path: Path)
     assert overlap["decode_events"] > 0 and overlap["to_ms"] > overlap["from_ms"]
 
 
+def anthropic_cold_body(seed: int, words: int = 700) -> dict[str, Any]:
+    """A /v1/messages body as Claude-style clients send it: system blocks, a tool, a tool call
+    and its result, then a long new user turn."""
+    rng = random.Random(seed)
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    return {"model": "m", "max_tokens": 2, "system": [{"type": "text", "text": f"seed {seed}"}],
+            "tools": [{"name": "lookup", "description": "Look a word up.",
+                       "input_schema": {"type": "object",
+                                        "properties": {"word": {"type": "string"}}}}],
+            "messages": [
+                {"role": "user", "content": "What does harbor mean?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "I should look it up."},
+                    {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"word": "harbor"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1",
+                     "content": [{"type": "text", "text": "a sheltered port"}]},
+                    {"type": "text", "text": text}]}]}
+
+
+def test_a_cold_anthropic_message_is_fed_in_pieces_and_finds_itself_cached(
+        server: LlamaServer, tmp_path: Path) -> None:
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
+                                                         prefill_share=0.9))
+    body = anthropic_cold_body(2)
+    try:
+        stream = Stream(proxy.url)
+        try:
+            reply = call("POST", proxy.url + "/v1/messages", body)
+        finally:
+            stream.close()
+        assert reply.status_code == 200, reply.text
+    finally:
+        proxy.stop()
+    usage = reply.json()["usage"]
+    total = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    cold = next(r for r in read_records(proxy) if r["endpoint"] == "/v1/messages")
+    assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
+    assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == total
+    assert usage["cache_read_input_tokens"] / total >= 0.9, usage
+
+
 def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
                                                            tmp_path: Path) -> None:
     proxy = start_proxy(server.url, tmp_path, **prefill("chunk"))

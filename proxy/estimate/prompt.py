@@ -13,6 +13,8 @@ CHAT_KINDS = frozenset({"chat"})
 """Kinds whose prompt is the chat template applied to `messages` (OpenAI chat body)."""
 COMPLETION_KINDS = frozenset({"completion", "completions"})
 """Kinds whose body carries `prompt` (native `/completion`, OpenAI `/v1/completions`)."""
+MESSAGES_KINDS = frozenset({"messages"})
+"""Anthropic `/v1/messages`: the server turns the body into a chat body first."""
 
 Prompt = str | list[str | int]
 """A single prompt as the server tokenizes it: text, or a list of ids and text pieces."""
@@ -85,7 +87,7 @@ def tokenize_mixed(prompt: Prompt, tokenize: Callable[[str, bool], list[int]]) -
 
 
 def check_kind(kind: str) -> None:
-    if kind not in CHAT_KINDS | COMPLETION_KINDS:
+    if kind not in CHAT_KINDS | COMPLETION_KINDS | MESSAGES_KINDS:
         raise NotEstimable(f"requests of kind {kind!r} are not estimated")
 
 

@@ -1,7 +1,8 @@
 """The prompt's token ids for a request body, exactly as llama-server will tokenize it.
 
 Two implementations of one small async interface: `UpstreamTokenizer` asks the server
-(`/apply-template`, `/tokenize`: answered on its HTTP threads, not slowed by a prefill);
+(`/apply-template`, `/tokenize`, and for Anthropic messages `/v1/messages/count_tokens` to check
+slotwise's conversion: all answered on its HTTP threads, not slowed by a prefill);
 `LocalTokenizer` tokenizes in process with a GGUF vocabulary (llama-cpp-python).
 """
 
@@ -14,9 +15,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.local_vocab import GgufVocab
 from proxy.estimate.prompt import (
     CHAT_KINDS,
+    MESSAGES_KINDS,
     EstimateError,
     Prompt,
     check_kind,
@@ -45,11 +48,31 @@ class UpstreamTokenizer:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
-        check_kind(kind)
-        prompt: Prompt = (await self.apply_template(body) if kind in CHAT_KINDS
-                          else completion_prompt(body))
+        prompt = await self.prompt(kind, body)
         ids = given_ids(prompt)
-        return ids if ids is not None else await self.tokenize(prompt)
+        ids = ids if ids is not None else await self.tokenize(prompt)
+        await self.check_messages(kind, body, len(ids))
+        return ids
+
+    async def prompt(self, kind: str, body: Mapping[str, Any]) -> Prompt:
+        """The request's one prompt, before tokenizing: the template applied for chat and
+        messages bodies, the body's own prompt for completions."""
+        check_kind(kind)
+        if kind in CHAT_KINDS:
+            return await self.apply_template(body)
+        if kind in MESSAGES_KINDS:
+            return await self.apply_template(messages_as_chat(body))
+        return completion_prompt(body)
+
+    async def check_messages(self, kind: str, body: Mapping[str, Any], tokens: int) -> None:
+        """A messages body's tokens must be what the server counts for it
+        (`/v1/messages/count_tokens`): its conversion to a chat body is slotwise's copy."""
+        if kind not in MESSAGES_KINDS:
+            return
+        counted = (await self._post("/v1/messages/count_tokens", body)).get("input_tokens")
+        if counted != tokens:
+            raise EstimateError(f"/v1/messages: slotwise makes {tokens} prompt tokens of the body, "
+                                f"the server counts {counted}")
 
     async def apply_template(self, body: Mapping[str, Any]) -> str:
         """The chat template applied to the body, by the same code the chat endpoint uses."""
@@ -110,10 +133,9 @@ class LocalTokenizer:
         return LocalTokenizer(self._vocab, upstream)
 
     async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
-        check_kind(kind)
-        prompt: Prompt = (await self._upstream.apply_template(body) if kind in CHAT_KINDS
-                          else completion_prompt(body))
+        prompt = await self._upstream.prompt(kind, body)
         ids = given_ids(prompt)
-        if ids is not None:
-            return ids
-        return await asyncio.to_thread(tokenize_mixed, prompt, self._vocab.tokenize)
+        if ids is None:
+            ids = await asyncio.to_thread(tokenize_mixed, prompt, self._vocab.tokenize)
+        await self._upstream.check_messages(kind, body, len(ids))
+        return ids
