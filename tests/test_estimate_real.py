@@ -4,12 +4,14 @@ computes for the same request, and the cache model's prediction matches the serv
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
+from proxy.config import PrefillConfig
 from proxy.estimate import (
     CacheModel,
     EstimateError,
@@ -19,6 +21,7 @@ from proxy.estimate import (
     estimate,
 )
 from proxy.estimate.anthropic import messages_as_chat
+from proxy.prefill.estimator import Estimator, slot_advice
 from proxy.testbed.model import ModelFiles
 from tests.conftest import StartLlamaServer
 
@@ -215,3 +218,22 @@ async def test_pieces_extend_the_cached_prefix(
     timings = (await post(session, server.url + "/v1/chat/completions", body))["timings"]
     assert timings["cache_n"] == estimate(ids, cache).cached_tokens == 768
 
+
+
+@pytest.mark.parametrize(("slots", "warned"), [(2, True), (4, False)])
+async def test_chunk_mode_warns_once_when_the_server_has_too_few_slots(
+        slots: int, warned: bool, start_llama_server: StartLlamaServer,
+        session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+    server = start_llama_server(lora=False, args=["-np", str(slots)])
+    estimator = Estimator(session, lambda: server.url)
+    body = {"messages": [{"role": "user", "content": "Hello"}]}
+    with caplog.at_level(logging.WARNING, logger="slotwise.prefill"):
+        for _ in range(2):
+            await estimator.estimate(PrefillConfig(mode="chunk"), "chat", body)
+    warnings = [r.getMessage() for r in caplog.records if "slot(s)" in r.getMessage()]
+    assert warnings == ([f"prefill.mode = chunk, but llama-server has {slots} slot(s): a short "
+                         "turn will take the slot of the prompt being fed and llama-server will "
+                         "copy that prefix to RAM and back; run it with -np N, N = the streams "
+                         "you expect at peak plus two (docs/prefill.md, 'llama-server flags "
+                         "that work best')"] if warned else [])
+    assert slot_advice("defer", 1) is None and slot_advice("off", 1) is None

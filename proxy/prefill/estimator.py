@@ -42,6 +42,8 @@ class Estimator:
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
+        self.upstream_slots: int | None = None
+        """llama-server's slot count, once `/props` has been read."""
 
     def _upstream(self) -> UpstreamTokenizer:
         return UpstreamTokenizer(self._session, self._base_url(), headers=self._headers())
@@ -67,6 +69,9 @@ class Estimator:
         """Raises EstimateError when the prompt cannot be known ahead (the caller fails open)."""
         if not self._props_read:
             await self.read_props()
+            advice = slot_advice(config.mode, self.upstream_slots)
+            if advice:
+                log.warning("%s", advice)
         ids = await self.tokenizer(config).tokenize_request(kind, body)
         return ids, estimate(ids, self.cache)
 
@@ -86,8 +91,23 @@ class Estimator:
             return
         self._props_read = True
         slots, ctx = _slots_and_ctx(props)
+        self.upstream_slots = slots
         if slots and ctx:
             self.cache = CacheModel(slots, ctx)
+
+
+MIN_CHUNK_SLOTS = 3
+"""`chunk` needs a slot for the prompt being fed, one per stream, and one free for short turns."""
+
+
+def slot_advice(mode: str, slots: int | None) -> str | None:
+    """A warning when the server has too few slots for `chunk` to keep short turns quick."""
+    if mode != "chunk" or slots is None or slots >= MIN_CHUNK_SLOTS:
+        return None
+    return (f"prefill.mode = chunk, but llama-server has {slots} slot(s): a short turn will take "
+            "the slot of the prompt being fed and llama-server will copy that prefix to RAM and "
+            "back; run it with -np N, N = the streams you expect at peak plus two "
+            "(docs/prefill.md, 'llama-server flags that work best')")
 
 
 def _slots_and_ctx(props: Any) -> tuple[int | None, int | None]:
