@@ -59,6 +59,7 @@ def build_record(flight: Flight, out: Outcome) -> dict[str, Any]:
         **figures,
         "prefill_wait_ms": prefill_wait_ms(flight, figures, out.timings),
         "prompt_tokens": flight.prompt_tokens,
+        "computed_tokens": flight.new_tokens,
         "fed_tokens": flight.fed_tokens,
         "timings": out.timings,
         "lora_in": out.lora_in,

@@ -12,7 +12,13 @@ import pytest
 from proxy.cli import main
 from proxy.report import record_tables, tables
 from proxy.report.model import Table
-from proxy.report.records import InputError, load_timing_log, record_to_span
+from proxy.report.records import (
+    InputError,
+    is_turn,
+    load_timing_log,
+    new_tokens,
+    record_to_span,
+)
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
 
@@ -543,3 +549,18 @@ def test_ttft_a_chunked_peer_counts_from_its_first_piece() -> None:
     rows = table(tables.ttft_table(spans, SpanIndex(spans), Thresholds(big_new=1000)))
     assert rows["overlapping other requests"][0] == 1
     assert rows["overlapping a prefill of >= 1,000 tokens"][0] == 1
+
+
+def test_an_anthropic_turn_without_timings_counts_from_its_usage() -> None:
+    """/v1/messages answers carry no `timings`; the record's computed_tokens and prompt_tokens
+    (from its usage) stand in, so such turns are split by cache hit like the others."""
+    warm = rec("m", 0, 10, kind="messages", prompt_tokens=1000, computed_tokens=10)
+    cold = rec("n", 100, 20, kind="messages", prompt_tokens=6000, computed_tokens=6000)
+    for record in (warm, cold):
+        del record["timings"]
+    assert is_turn(warm) and new_tokens(cold) == 6000
+    spans, _ = spans_of(warm, cold)
+    assert [(s.prompt_n, s.cache_n) for s in spans] == [(10, 990), (6000, 0)]
+    rows = table(tables.turns_table(spans, Thresholds()))
+    assert rows["of which >= 95% cached"][0] == 1
+    assert rows["of which >= 5,000 new tokens"][0] == 1

@@ -17,7 +17,8 @@ import orjson
 from proxy.report.model import Segment, Span
 
 Record = Mapping[str, Any]
-COMPLETION_KINDS = frozenset({"chat", "completions", "completion", "infill"})
+COMPLETION_KINDS = frozenset({"chat", "completions", "completion", "infill", "messages",
+                              "responses"})
 
 
 class InputError(ValueError):
@@ -110,9 +111,23 @@ def fed_tokens(record: Record) -> int:
     return int(num(record, "fed_tokens") or 0)
 
 
+def prompt_split(record: Record) -> tuple[int | None, int | None]:
+    """(computed, cached) prompt tokens of the request itself: the server's `timings`, or where
+    the API gives none (Anthropic messages, responses) the record's `computed_tokens` and
+    `prompt_tokens` (read from `usage`)."""
+    prompt_n, cache_n = _int(timing(record, "prompt_n")), _int(timing(record, "cache_n"))
+    if prompt_n is not None:
+        return prompt_n, cache_n
+    computed, total = _int(num(record, "computed_tokens")), _int(num(record, "prompt_tokens"))
+    if computed is None:
+        return None, None
+    return computed, None if total is None else max(0, total - computed)
+
+
 def new_tokens(record: Record) -> float | None:
-    """The prompt tokens the server computed for a request: `timings.prompt_n` plus its pieces."""
-    prompt_n = timing(record, "prompt_n")
+    """The prompt tokens the server computed for a request: `timings.prompt_n` (or
+    `computed_tokens`) plus its pieces."""
+    prompt_n, _ = prompt_split(record)
     return None if prompt_n is None else prompt_n + fed_tokens(record)
 
 
@@ -161,14 +176,15 @@ def record_to_span(record: Record, first_piece: Mapping[str, float] | None = Non
     wait, ttft = num(record, "prefill_wait_ms"), num(record, "ttft_ms")
     total = num(record, "total_ms") or 0.0
     inflight = record.get("inflight_at_start")
+    prompt_n, cache_n = prompt_split(record)
     return Span(
         key=str(record.get("id")),
         start=t0,
         end=t0 + total / 1000,
         prefill_start=None if wait is None else t0 + wait / 1000,
         first_token=None if ttft is None else t0 + ttft / 1000,
-        prompt_n=_int(timing(record, "prompt_n")),
-        cache_n=_int(timing(record, "cache_n")),
+        prompt_n=prompt_n,
+        cache_n=cache_n,
         fed_n=fed_tokens(record),
         pieces=int(num(record, "pieces") or 0),
         first_piece=(first_piece or {}).get(str(record.get("id"))),
