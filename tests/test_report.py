@@ -107,9 +107,23 @@ def test_time_split_uses_the_rates_of_requests_that_ran_alone() -> None:
     assert "decode 50.0 tok/s, prefill 800 tok/s" in t.note
 
 
-def test_time_split_without_any_lone_request_says_so() -> None:
-    spans, index = spans_of(rec("a", 0, 10), rec("b", 1, 10))
-    assert "no turn ran alone" in tables.time_split_table(spans, index).note
+def test_time_split_without_any_lone_request_takes_the_fastest_rates_as_a_bound() -> None:
+    # a and b overlap all the time: a decoded 100 tokens in 2 s, prefilled 800 in 1 s; b was slower
+    a = rec("a", 0, 10, wait=0.0, prefill=1.0, prompt_n=800, predicted_n=100, decode=2.0)
+    b = rec("b", 1, 10, wait=0.0, prefill=4.0, prompt_n=800, predicted_n=100, decode=4.0)
+    spans, index = spans_of(a, b)
+    t = tables.time_split_table(spans, index)
+    rows = table(t)
+    assert rows["own decode"][1][0] == pytest.approx(4.0)  # 200 tokens at 50 tok/s
+    assert rows["own prefill"][1][0] == pytest.approx(2.0)  # 1,600 tokens at 800 tok/s
+    assert rows["increment caused by others (waits, shared steps)"][1][0] == pytest.approx(14.0)
+    assert "lower bound: decode 50.0 tok/s, prefill 800 tok/s" in t.note
+
+
+def test_time_split_without_any_rate_to_use_says_so() -> None:
+    spans, index = spans_of(rec("a", 0, 10, prompt_n=10, predicted_n=5),
+                            rec("b", 1, 10, prompt_n=10, predicted_n=5))
+    assert "no rates to compare against" in tables.time_split_table(spans, index).note
 
 
 def test_decode_rate_inside_long_prefills_versus_the_rest() -> None:

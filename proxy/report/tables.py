@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.report.model import Row, Span, Table, quantile, summary
@@ -78,10 +78,31 @@ def alone_rates(turns: Sequence[Span], index: SpanIndex) -> tuple[float | None, 
     return rate(dec_pairs), rate(pre_pairs), len(alone)
 
 
+FASTEST_MIN_TOKENS = 64
+"""A turn's own rate stands in for the alone rate only if it computed or generated this many."""
+
+
+def fastest_rates(turns: Sequence[Span]) -> tuple[float | None, float | None]:
+    """The fastest decode and prefill rates any turn reached (tokens per second). Contention only
+    slows a turn down, so these are at most the rates alone."""
+    def best(pairs: Iterable[tuple[int | None, float | None]]) -> float | None:
+        rates = [n * 1000 / ms for n, ms in pairs if n and n >= FASTEST_MIN_TOKENS and ms]
+        return max(rates, default=None)
+
+    return (best((s.predicted_n, s.predicted_ms) for s in turns),
+            best((s.prompt_n, s.prompt_ms) for s in turns))
+
+
 def time_split_table(turns: Sequence[Span], index: SpanIndex) -> Table:
     decode_rate, prefill_rate, n_alone = alone_rates(turns, index)
     title = "Where the time went"
     columns, units = ("seconds", "share"), ("s", "%")
+    source = f"rates of the {n_alone} requests that ran alone"
+    if decode_rate is None or prefill_rate is None:
+        fast_decode, fast_prefill = fastest_rates(turns)
+        decode_rate, prefill_rate = decode_rate or fast_decode, prefill_rate or fast_prefill
+        source = ("no turn ran alone with both prefill and decode, so the fastest rates any turn "
+                  "reached stand in and the increment caused by others is a lower bound")
     if decode_rate is None or prefill_rate is None:
         rows = tuple(Row(label, len(turns), (None, None)) for label in _SPLIT_LABELS)
         return Table(
@@ -90,7 +111,9 @@ def time_split_table(turns: Sequence[Span], index: SpanIndex) -> Table:
             columns,
             units,
             rows,
-            note="no turn ran alone with both prefill and decode: no rates to compare against",
+            note="no turn ran alone with both prefill and decode, and no turn shows a "
+            f"{_missing(decode_rate, prefill_rate)} rate of its own over {FASTEST_MIN_TOKENS} "
+            "tokens: no rates to compare against",
         )
     own_decode = sum((s.predicted_n or 0) / decode_rate for s in turns)
     own_prefill = sum((s.new_n or 0) / prefill_rate for s in turns)  # pieces included
@@ -100,11 +123,14 @@ def time_split_table(turns: Sequence[Span], index: SpanIndex) -> Table:
         Row(label, len(turns), (value, 100 * value / total if total else None))
         for label, value in zip(_SPLIT_LABELS, parts, strict=True)
     )
-    note = (
-        f"rates of the {n_alone} requests that ran alone: decode {decode_rate:.1f} tok/s, "
-        f"prefill {prefill_rate:.0f} tok/s"
-    )
+    note = f"{source}: decode {decode_rate:.1f} tok/s, prefill {prefill_rate:.0f} tok/s"
     return Table("time_split", title, columns, units, rows, note=note)
+
+
+def _missing(decode_rate: float | None, prefill_rate: float | None) -> str:
+    missing = [name for name, rate in (("prefill", prefill_rate), ("decode", decode_rate))
+               if rate is None]
+    return " or ".join(missing)
 
 
 _SPLIT_LABELS = ("own decode", "own prefill", "increment caused by others (waits, shared steps)", "total")
