@@ -74,7 +74,8 @@ def _message(message: Any) -> list[Any]:
                 parts.append({"type": "image_url", "image_url": {"url": url}})
         elif kind == "tool_use":
             calls.append({"id": _str(block.get("id")), "type": "function", "function": {
-                "name": _str(block.get("name")), "arguments": _dump(block.get("input", {}))}})
+                "name": _str(block.get("name")),
+                "arguments": _dump({} if block.get("input") is None else block["input"])}})
         elif kind == "tool_result":
             results.append(_tool_result(block))
     out: list[Any] = []
@@ -121,7 +122,8 @@ def _image_url(source: Any) -> str | None:
     if not isinstance(source, dict):
         return None
     if source.get("type") == "base64":
-        media = source.get("media_type", "image/jpeg")
+        media = source.get("media_type")
+        media = media if isinstance(media, str) else "image/jpeg"
         return f"data:{media};base64,{_str(source.get('data'))}"
     if source.get("type") == "url":
         return _str(source.get("url"))
