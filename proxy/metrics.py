@@ -1,8 +1,10 @@
 """slotwise's own Prometheus metrics at GET /metrics, on a registry of its own per application.
 
-Histograms and counters are fed from the finished timing records (and the inter-token gaps from the
-finished request's clock); the in-flight gauges are read from the in-flight registry at scrape time.
-A scrape never reaches llama-server, whose own /metrics resets its rate gauges on every scrape.
+Counters and most histograms are fed from the finished timing records. A stream is seen while it
+runs: its queue wait and time to first token when the first token comes, its inter-token gaps at
+every scrape (and the rest when it ends), so a long generation's stalls show before it is over.
+The in-flight gauges are read from the in-flight registry at scrape time. A scrape never reaches
+llama-server, whose own /metrics resets its rate gauges on every scrape.
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class Metrics:
         self.chunked = Counter("slotwise_prompts_chunked",
                                "Prompts the prefill policy fed in pieces", LABELS, registry=reg)
         reg.register(LiveCollector(state))
+        self.state = state
+        self._gaps_seen: dict[str, int] = {}
+        """Streams in flight: how many of their token events have had their gap observed."""
+        self._seen_early: set[str] = set()
+        """Streams whose queue wait and TTFT were observed at their first token."""
 
     def labels(self, kind: str, purpose: str | None) -> tuple[str, str]:
         return kind, self.purposes.label(purpose)
@@ -76,24 +83,51 @@ class Metrics:
             self.chunked.labels(*labels).inc()
         if record.get("kind") not in GENERATING:
             return
-        wait = server_queue_wait_ms(record)
-        if wait is not None:
-            self.queue_wait.labels(*labels).observe(wait / 1000.0)
-        if isinstance(record.get("ttft_ms"), int | float):
-            self.ttft.labels(*labels).observe(record["ttft_ms"] / 1000.0)
+        if record.get("id") in self._seen_early:
+            self._seen_early.discard(record["id"])
+        else:
+            wait = server_queue_wait_ms(record)
+            if wait is not None:
+                self.queue_wait.labels(*labels).observe(wait / 1000.0)
+            if isinstance(record.get("ttft_ms"), int | float):
+                self.ttft.labels(*labels).observe(record["ttft_ms"] / 1000.0)
         rate = decode_rate(record)
         if rate is not None:
             self.decode_rate.labels(*labels).observe(rate)
 
     def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
-        """Registry listener: when a stream ends, observe every gap between its token events."""
-        if new is not Phase.DONE or len(flight.timer.tokens) < 2:
+        """Registry listener: a stream's first token observes its queue wait and time to first
+        token; its end observes the gaps not observed yet."""
+        if new is Phase.DECODING and flight.stream and flight.kind in GENERATING:
+            self._first_token(flight)
+        elif new is Phase.DONE:
+            self._observe_gaps(flight)
+            self._gaps_seen.pop(flight.id, None)
+
+    def _first_token(self, flight: Flight) -> None:
+        timer, labels = flight.timer, self.labels(str(flight.kind), flight.purpose)
+        if not timer.tokens:
+            return
+        self._seen_early.add(flight.id)
+        self.ttft.labels(*labels).observe(timer.tokens[0] - timer.arrived)
+        if timer.sent is not None and timer.headers is not None:
+            self.queue_wait.labels(*labels).observe(timer.headers - timer.sent)
+
+    def _observe_gaps(self, flight: Flight) -> None:
+        tokens = flight.timer.tokens
+        seen = self._gaps_seen.get(flight.id, 1)
+        if len(tokens) <= seen:
             return
         gap = self.gap.labels(*self.labels(str(flight.kind), flight.purpose))
-        for a, b in itertools.pairwise(flight.timer.tokens):
+        for a, b in itertools.pairwise(tokens[seen - 1:]):
             gap.observe(b - a)
+        self._gaps_seen[flight.id] = len(tokens)
 
     def exposition(self) -> bytes:
+        """The scrape: first the gaps of the streams still running, then every collector."""
+        for flight in self.state.registry:
+            if flight.phase is Phase.DECODING:
+                self._observe_gaps(flight)
         return generate_latest(self.registry)
 
 

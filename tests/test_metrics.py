@@ -109,6 +109,31 @@ async def test_in_flight_gauge_shows_a_decoding_stream(proxy: ProxyThread) -> No
                if name == "slotwise_requests_in_flight")
 
 
+async def test_a_running_stream_shows_its_first_token_and_gaps_before_it_ends(
+        proxy: ProxyThread) -> None:
+    chats = {"endpoint": "chat", "purpose": "chat"}
+    async with aiohttp.ClientSession() as session:
+        stream = asyncio.create_task(chat(session, proxy.url, model="slow", tokens=40))
+        for _ in range(200):
+            got = samples(await scrape(session, proxy.url))
+            if got.get(key("slotwise_inter_token_gap_seconds_count", **chats), 0) >= 5:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("no gap was observed while the stream ran")
+        assert not stream.done()
+        assert got[key("slotwise_time_to_first_token_seconds_count", **chats)] == 1
+        assert got[key("slotwise_server_queue_wait_seconds_count", **chats)] == 1
+        await stream
+        await asyncio.sleep(0.1)  # the record is written just after the last byte
+        got = samples(await scrape(session, proxy.url))
+    # each gap once, whether seen at a scrape or at the end; the first token observed once
+    assert got[key("slotwise_inter_token_gap_seconds_count", **chats)] == 39
+    assert got[key("slotwise_time_to_first_token_seconds_count", **chats)] == 1
+    assert got[key("slotwise_server_queue_wait_seconds_count", **chats)] == 1
+    assert got[key("slotwise_requests_total", **chats, outcome="done")] == 1
+
+
 async def test_two_proxies_in_one_process_keep_their_own_registries(
         upstream: tuple[str, list[str]], tmp_path: Path) -> None:
     first = start_proxy(upstream[0], tmp_path / "a")
