@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from rich.table import Table
 
 from proxy.bench.contention import Scenario
+from proxy.bench.contention_cli import ranges_table
 from proxy.bench.pieces import measure
 from tests.conftest import StartLlamaServer
 
@@ -40,3 +42,20 @@ def test_each_piece_computes_only_its_own_tokens_on_top_of_the_cached_prefix(
     assert [(p.tokens, p.prefix) for p in figures.pieces] == [(16, 300), (64, 316)]
     assert all(0 < p.prompt_ms <= p.wall_ms for p in figures.pieces)
     assert len(figures.short_prompt_ms) == 2 and min(figures.short_prompt_ms) > 0
+
+
+def test_ranges_over_runs_show_each_figures_lowest_and_highest() -> None:
+    runs = [{"slotwise chunk": {"stream_rate_pct": 47.4, "shorts_over_1_5x": 4, "shorts": 12,
+                                "cold_ttft_x": 2.13}},
+            {"slotwise chunk": {"stream_rate_pct": 43.8, "shorts_over_1_5x": 2, "shorts": 12,
+                                "cold_ttft_x": None}}]
+    rows = {row[0]: row[1] for row in rendered_rows(ranges_table(runs))}
+    assert rows["  as % of their rate alone"] == "43.8 % – 47.4 %"
+    assert rows["  short turns over 1.5 × uncontended p90"] == "2 – 4"
+    assert rows["  as × alone"] == "2.13 × – 2.13 ×"  # a run without the figure is left out
+    assert rows["streams' longest gap (s)"] == "–"
+
+
+def rendered_rows(table: Table) -> list[tuple[str, str]]:
+    labels, values = (list(column.cells) for column in table.columns)
+    return list(zip(labels, values, strict=True))

@@ -13,6 +13,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from proxy.bench.cli import positive_int
 from proxy.bench.contention import (
     PATHS,
     SERVER_ARGS,
@@ -51,6 +52,9 @@ def add_contention(commands: Any) -> None:
                      help="override a [prefill] setting of the slotwise paths (repeatable)")
     cmd.add_argument("--server-args", default=" ".join(SERVER_ARGS),
                      help=f"llama-server flags of every path (default {' '.join(SERVER_ARGS)!r})")
+    cmd.add_argument("--repeat", type=positive_int, default=1,
+                     help="measure everything this many times (fresh servers and baselines each "
+                          "time) and end with each figure's range over the runs (default 1)")
     cmd.add_argument("--json", action="store_true", help="also print the figures as JSON")
     cmd.set_defaults(handler=run_contention)
 
@@ -181,20 +185,45 @@ def est_error(e: dict[str, Any]) -> float | None:
 
 def run_contention(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    work = temp_dir("slotwise-contention-")
+    out = Console(width=max(Console().width, 120))
     sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words,
                   shorts=args.shorts, arrivals=args.arrivals)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
-                          server_args=args.server_args.split(),
-                          log=lambda line: console.print(f"[dim]{line}[/dim]"))
-    results = {path: figures(run, bases["b512" if "512" in path else "default"])
-               for path, run in runs.items()}
-    out = Console(width=max(Console().width, 120))
-    out.print(render(results, bases))
-    out.print(estimate_table(results))
-    console.print(f"[dim]logs and timing records in {work}[/dim]")
+    every: list[dict[str, Any]] = []
+    for n in range(args.repeat):
+        work = temp_dir("slotwise-contention-")
+        if args.repeat > 1:
+            console.print(f"[dim]run {n + 1} of {args.repeat}[/dim]")
+        runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
+                              server_args=args.server_args.split(),
+                              log=lambda line: console.print(f"[dim]{line}[/dim]"))
+        results = {path: figures(run, bases["b512" if "512" in path else "default"])
+                   for path, run in runs.items()}
+        out.print(render(results, bases))
+        out.print(estimate_table(results))
+        console.print(f"[dim]logs and timing records in {work}[/dim]")
+        every.append({"results": results,
+                      "baselines": {k: v.__dict__ for k, v in bases.items()}})
+    if args.repeat > 1:
+        out.print(ranges_table([run["results"] for run in every]))
     if args.json:
-        print(orjson.dumps({"results": results, "baselines": {
-            k: v.__dict__ for k, v in bases.items()}}, option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps(every[0] if args.repeat == 1 else {"runs": every},
+                           option=orjson.OPT_INDENT_2).decode())
     return 0
+
+
+def ranges_table(runs: list[dict[str, dict[str, Any]]]) -> Table:
+    """Each figure's lowest and highest value over the runs, per path."""
+    table = Table(title=f"range over {len(runs)} runs (each against its own baselines)")
+    table.add_column("figure")
+    for path in runs[0]:
+        table.add_column(path, justify="right")
+    for label, key, fmt in ROWS:
+        one = fmt.replace(" of {shorts}", "")
+        cells = []
+        for path in runs[0]:
+            values = [r[path][key] for r in runs if r.get(path, {}).get(key) is not None]
+            cells.append(f"{one.format(min(values))} – {one.format(max(values))}"
+                         if values else "–")
+        table.add_row(label, *cells)
+    return table
