@@ -2,7 +2,8 @@
 tokens and the tokens the server computed (not found in its cache). Pure.
 
 OpenAI chat and completions: `prompt_tokens` is the total, `prompt_tokens_details.cached_tokens`
-the cached part. OpenAI responses: `input_tokens` and `input_tokens_details`, the same way.
+the cached part. OpenAI responses: `input_tokens` and `input_tokens_details`, the same way (a
+stream carries it in `response.completed.response.usage`).
 Anthropic messages: `input_tokens` counts only what was computed; `cache_read_input_tokens` (and
 `cache_creation_input_tokens`) come on top; a stream carries it in `message_start.message.usage`.
 """
@@ -13,13 +14,17 @@ from typing import Any
 
 from proxy.endpoints import Kind
 
+NESTED = {Kind.MESSAGES: "message", Kind.RESPONSES: "response"}
+"""Where a stream of these kinds carries its usage: `message_start.message.usage`,
+`response.completed.response.usage`."""
+
 
 def prompt_counts(kind: Kind, obj: dict[str, Any]) -> tuple[int | None, int | None]:
     """(total prompt tokens, tokens computed) from the usage a response or event carries."""
     usage = obj.get("usage")
-    if kind is Kind.MESSAGES and not isinstance(usage, dict):
-        message = obj.get("message")
-        usage = message.get("usage") if isinstance(message, dict) else None
+    if not isinstance(usage, dict) and kind in NESTED:
+        inner = obj.get(NESTED[kind])
+        usage = inner.get("usage") if isinstance(inner, dict) else None
     if not isinstance(usage, dict):
         return None, None
     if kind is Kind.MESSAGES:

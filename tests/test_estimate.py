@@ -24,6 +24,7 @@ from proxy.estimate.prompt import (
     ids_of,
     tokenize_mixed,
 )
+from proxy.estimate.responses import responses_as_chat
 
 
 def seq(start: int, n: int) -> list[int]:
@@ -201,7 +202,7 @@ class TestPromptShapes:
         assert calls == [("abc", True), ("ab", True), ("cde", False), ("ab", False)]
 
     def test_kinds(self) -> None:
-        for kind in ("chat", "completion", "completions", "messages"):
+        for kind in ("chat", "completion", "completions", "messages", "responses"):
             check_kind(kind)
         with pytest.raises(NotEstimable, match="infill"):
             check_kind("infill")
@@ -263,3 +264,37 @@ class TestAnthropicMessages:
     def test_a_body_without_messages_is_not_estimable(self) -> None:
         with pytest.raises(NotEstimable, match="'messages'"):
             messages_as_chat({"system": "hi"})
+
+
+class TestResponses:
+    """The chat body llama-server makes of a /v1/responses body."""
+
+    def test_items_become_messages_tool_calls_and_tool_results(self) -> None:
+        body = {"model": "m", "instructions": "Be brief.", "max_output_tokens": 9,
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                "input": [
+                    {"role": "developer", "content": "Norwegian."},
+                    {"role": "user", "content": "Hi", "type": "message", "status": "done"},
+                    {"type": "reasoning", "summary": [], "content": [{"text": "think"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+                    {"type": "message", "role": "assistant",
+                     "content": [{"type": "output_text", "text": "Done."}]},
+                    {"type": "web_search_call"}]}
+        chat = responses_as_chat(body)
+        assert chat["messages"] == [
+            {"role": "system", "content": "Be brief."},
+            {"role": "system", "content": [{"text": "Norwegian.", "type": "text"}]},
+            {"role": "user", "content": [{"text": "Hi", "type": "text"}]},
+            {"role": "assistant", "content": [], "reasoning_content": "think",
+             "tool_calls": [{"type": "function", "id": "c1",
+                             "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            {"role": "assistant", "content": [{"text": "Done.", "type": "text"}]}]
+        assert chat["tools"] == [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object"}}}]
+        assert chat["max_output_tokens"] == 9 and "input" not in chat and "instructions" not in chat
+
+    def test_a_body_without_input_is_not_estimable(self) -> None:
+        with pytest.raises(NotEstimable, match="'input'"):
+            responses_as_chat({"instructions": "hi"})

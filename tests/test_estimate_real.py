@@ -21,6 +21,7 @@ from proxy.estimate import (
     estimate,
 )
 from proxy.estimate.anthropic import messages_as_chat
+from proxy.estimate.responses import responses_as_chat
 from proxy.prefill.estimator import Estimator, slot_advice
 from proxy.testbed.model import ModelFiles
 from tests.conftest import StartLlamaServer
@@ -145,6 +146,43 @@ async def test_anthropic_messages_estimate_equals_server_prompt_tokens(
         assert "snow, -3 C [t2]" in prompt and "<think>Two calls.</think>" in prompt
 
 
+RESPONSES: list[dict[str, Any]] = [
+    {"input": "Hello"},
+    {"instructions": "Be brief.",
+     "tools": [{"type": "function", "name": "weather", "description": "Weather now",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+     "input": [
+         {"role": "developer", "content": "Answer in Norwegian."},
+         {"role": "user", "content": "Weather in Oslo?"},
+         {"type": "function_call", "call_id": "c1", "name": "weather",
+          "arguments": '{"city":"Oslo"}'},
+         {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+         {"type": "message", "role": "assistant",
+          "content": [{"type": "output_text", "text": "It rains."}]},
+         {"role": "user", "content": [{"type": "input_text", "text": "Tomorrow?"}]}]},
+]
+
+
+@pytest.mark.parametrize("case", range(len(RESPONSES)))
+async def test_responses_estimate_equals_server_prompt_tokens(
+        case: int, start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
+        session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    server = start_llama_server(lora=False, args=["--jinja", "--chat-template-file", str(template)])
+    body = {"model": "m", **RESPONSES[case]}
+    found = [await t.tokenize_request("responses", body)
+             for t in await tokenizers(session, server.url, tiny_model)]
+    counted = await post(session, server.url + "/v1/responses/input_tokens", body)
+    assert counted["input_tokens"] == len(found[0])
+    assert all(ids == found[0] for ids in found)
+    if case == 1:  # the template did render the converted items
+        prompt = (await post(session, server.url + "/apply-template",
+                             responses_as_chat(body)))["prompt"]
+        assert '<call>weather {"city":"Oslo"}</call>' in prompt and "rain [c1]" in prompt
+        assert "<|im_start|>systemAnswer in Norwegian." in prompt  # developer: a system message
+
+
 async def test_a_messages_body_the_server_counts_otherwise_is_not_estimated(
         start_llama_server: StartLlamaServer, session: aiohttp.ClientSession) -> None:
     """slotwise's conversion is checked against the server's own count: a block type the server
@@ -154,7 +192,7 @@ async def test_a_messages_body_the_server_counts_otherwise_is_not_estimated(
     body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     tokens = len(await upstream.tokenize_request("messages", body))
     with pytest.raises(EstimateError, match=f"makes {tokens + 1} prompt tokens.*counts {tokens}"):
-        await upstream.check_messages("messages", body, tokens + 1)
+        await upstream.check_count("messages", body, tokens + 1)
 
 
 @pytest.mark.parametrize("prompt", range(len(COMPLETIONS)))

@@ -155,6 +155,33 @@ def test_a_cold_anthropic_message_is_fed_in_pieces_and_finds_itself_cached(
     assert usage["cache_read_input_tokens"] / total >= 0.9, usage
 
 
+def test_a_cold_responses_request_is_fed_in_pieces_and_finds_itself_cached(
+        server: LlamaServer, tmp_path: Path) -> None:
+    rng = random.Random(3)
+    text = " ".join(rng.choice(WORDS) for _ in range(700))
+    body = {"model": "m", "max_output_tokens": 2, "instructions": "seed 3",
+            "input": [{"role": "user", "content": "Summarize:"},
+                      {"type": "message", "role": "assistant",
+                       "content": [{"type": "output_text", "text": "Send it."}]},
+                      {"role": "user", "content": [{"type": "input_text", "text": text}]}]}
+    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
+                                                         prefill_share=0.9))
+    try:
+        stream = Stream(proxy.url)
+        try:
+            reply = call("POST", proxy.url + "/v1/responses", body)
+        finally:
+            stream.close()
+        assert reply.status_code == 200, reply.text
+    finally:
+        proxy.stop()
+    usage = reply.json()["usage"]
+    cold = next(r for r in read_records(proxy) if r["endpoint"] == "/v1/responses")
+    assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
+    assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == usage["input_tokens"]
+    assert usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"] >= 0.9, usage
+
+
 def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
                                                            tmp_path: Path) -> None:
     proxy = start_proxy(server.url, tmp_path, **prefill("chunk"))

@@ -153,6 +153,19 @@ def test_anthropic_messages_count_the_cached_prompt_too(server: LlamaServer, pro
     assert warm["computed_tokens"] <= 2  # found in the cache: the server recomputes at most one
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_count_the_cached_prompt_apart(server: LlamaServer, proxy: ProxyThread,
+                                                 stream: bool) -> None:
+    body = {"model": "m", "input": "Name three lakes, briefly. " * 8, "max_output_tokens": 4,
+            "stream": stream}
+    counted = http("POST", server.url + "/v1/responses/input_tokens", json=body).json()
+    for _ in range(2):
+        assert http("POST", proxy.url + "/v1/responses", json=body).status_code == 200
+    cold, warm = read_records(proxy, 2)
+    assert cold["prompt_tokens"] == warm["prompt_tokens"] == counted["input_tokens"] > 30
+    assert warm["computed_tokens"] <= 2
+
+
 def test_completions_non_streamed_is_the_same(server: LlamaServer, proxy: ProxyThread) -> None:
     direct, proxied = clients(server, proxy)
     a = direct.completions.create(model="m", prompt="The road", extra_body=NO_CACHE, **FIXED)

@@ -25,6 +25,9 @@ from proxy.usage import prompt_counts
     (Kind.MESSAGES, {"type": "message_start", "message": {"usage": {
         "input_tokens": 99, "cache_read_input_tokens": 0, "output_tokens": 0}}}, (99, 99)),
     (Kind.MESSAGES, {"type": "message_delta", "usage": {"output_tokens": 4}}, (None, None)),
+    # a responses stream says it in response.completed
+    (Kind.RESPONSES, {"type": "response.completed", "response": {"usage": {
+        "input_tokens": 183, "input_tokens_details": {"cached_tokens": 182}}}}, (183, 1)),
     (Kind.CHAT, {"choices": []}, (None, None)),
     (Kind.CHAT, {"usage": {"prompt_tokens": True}}, (None, None)),
 ])

@@ -15,6 +15,8 @@ COMPLETION_KINDS = frozenset({"completion", "completions"})
 """Kinds whose body carries `prompt` (native `/completion`, OpenAI `/v1/completions`)."""
 MESSAGES_KINDS = frozenset({"messages"})
 """Anthropic `/v1/messages`: the server turns the body into a chat body first."""
+RESPONSES_KINDS = frozenset({"responses"})
+"""OpenAI `/v1/responses`: likewise."""
 
 Prompt = str | list[str | int]
 """A single prompt as the server tokenizes it: text, or a list of ids and text pieces."""
@@ -87,7 +89,7 @@ def tokenize_mixed(prompt: Prompt, tokenize: Callable[[str, bool], list[int]]) -
 
 
 def check_kind(kind: str) -> None:
-    if kind not in CHAT_KINDS | COMPLETION_KINDS | MESSAGES_KINDS:
+    if kind not in CHAT_KINDS | COMPLETION_KINDS | MESSAGES_KINDS | RESPONSES_KINDS:
         raise NotEstimable(f"requests of kind {kind!r} are not estimated")
 
 

@@ -1,8 +1,8 @@
 """The prompt's token ids for a request body, exactly as llama-server will tokenize it.
 
 Two implementations of one small async interface: `UpstreamTokenizer` asks the server
-(`/apply-template`, `/tokenize`, and for Anthropic messages `/v1/messages/count_tokens` to check
-slotwise's conversion: all answered on its HTTP threads, not slowed by a prefill);
+(`/apply-template`, `/tokenize`, and for Anthropic messages and OpenAI responses the server's own
+token count, to check slotwise's conversion: all answered on its HTTP threads, not slowed by a prefill);
 `LocalTokenizer` tokenizes in process with a GGUF vocabulary (llama-cpp-python).
 """
 
@@ -20,6 +20,7 @@ from proxy.estimate.local_vocab import GgufVocab
 from proxy.estimate.prompt import (
     CHAT_KINDS,
     MESSAGES_KINDS,
+    RESPONSES_KINDS,
     EstimateError,
     Prompt,
     check_kind,
@@ -28,7 +29,11 @@ from proxy.estimate.prompt import (
     ids_of,
     tokenize_mixed,
 )
+from proxy.estimate.responses import responses_as_chat
 from proxy.upstream_call import send
+
+COUNT_PATHS = {"messages": "/v1/messages/count_tokens", "responses": "/v1/responses/input_tokens"}
+"""Where the server counts the prompt tokens of the bodies it converts to chat bodies itself."""
 
 
 class PromptTokenizer(Protocol):
@@ -51,7 +56,7 @@ class UpstreamTokenizer:
         prompt = await self.prompt(kind, body)
         ids = given_ids(prompt)
         ids = ids if ids is not None else await self.tokenize(prompt)
-        await self.check_messages(kind, body, len(ids))
+        await self.check_count(kind, body, len(ids))
         return ids
 
     async def prompt(self, kind: str, body: Mapping[str, Any]) -> Prompt:
@@ -62,16 +67,19 @@ class UpstreamTokenizer:
             return await self.apply_template(body)
         if kind in MESSAGES_KINDS:
             return await self.apply_template(messages_as_chat(body))
+        if kind in RESPONSES_KINDS:
+            return await self.apply_template(responses_as_chat(body))
         return completion_prompt(body)
 
-    async def check_messages(self, kind: str, body: Mapping[str, Any], tokens: int) -> None:
-        """A messages body's tokens must be what the server counts for it
-        (`/v1/messages/count_tokens`): its conversion to a chat body is slotwise's copy."""
-        if kind not in MESSAGES_KINDS:
+    async def check_count(self, kind: str, body: Mapping[str, Any], tokens: int) -> None:
+        """A messages or responses body's tokens must be what the server counts for it: its
+        conversion to a chat body is slotwise's copy of the server's."""
+        path = COUNT_PATHS.get(kind)
+        if path is None:
             return
-        counted = (await self._post("/v1/messages/count_tokens", body)).get("input_tokens")
+        counted = (await self._post(path, body)).get("input_tokens")
         if counted != tokens:
-            raise EstimateError(f"/v1/messages: slotwise makes {tokens} prompt tokens of the body, "
+            raise EstimateError(f"{path}: slotwise makes {tokens} prompt tokens of the body, "
                                 f"the server counts {counted}")
 
     async def apply_template(self, body: Mapping[str, Any]) -> str:
@@ -137,5 +145,5 @@ class LocalTokenizer:
         ids = given_ids(prompt)
         if ids is None:
             ids = await asyncio.to_thread(tokenize_mixed, prompt, self._vocab.tokenize)
-        await self._upstream.check_messages(kind, body, len(ids))
+        await self._upstream.check_count(kind, body, len(ids))
         return ids
