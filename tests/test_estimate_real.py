@@ -22,6 +22,7 @@ from proxy.estimate import (
 )
 from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.responses import responses_as_chat
+from proxy.estimate.tokenizer import COUNT_PATHS
 from proxy.prefill.estimator import Estimator, slot_advice
 from proxy.testbed.model import ModelFiles
 from tests.conftest import StartLlamaServer
@@ -124,21 +125,31 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 
 
+def tool_template_server(start_llama_server: StartLlamaServer, tmp_path: Any) -> Any:
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    return start_llama_server(lora=False, args=["--jinja", "--chat-template-file", str(template)])
+
+
+async def assert_counted_alike(session: aiohttp.ClientSession, server: Any, model: ModelFiles,
+                               kind: str, body: dict[str, Any]) -> None:
+    """Every tokenizer finds the ids whose number the server counts for the body with its own
+    conversion (a real call with tools needs a tool-call grammar this model's vocabulary cannot
+    build; the count takes the same path up to the template)."""
+    found = [await t.tokenize_request(kind, body)
+             for t in await tokenizers(session, server.url, model)]
+    counted = await post(session, server.url + COUNT_PATHS[kind], body)
+    assert counted["input_tokens"] == len(found[0])
+    assert all(ids == found[0] for ids in found)
+
+
 @pytest.mark.parametrize("case", range(len(MESSAGES)))
 async def test_anthropic_messages_estimate_equals_server_prompt_tokens(
         case: int, start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
         session: aiohttp.ClientSession, tmp_path: Any) -> None:
-    template = tmp_path / "tools.jinja"
-    template.write_text(TOOL_TEMPLATE)
-    server = start_llama_server(lora=False, args=["--jinja", "--chat-template-file", str(template)])
+    server = tool_template_server(start_llama_server, tmp_path)
     body = {"model": "m", "max_tokens": 1, **MESSAGES[case]}
-    found = [await t.tokenize_request("messages", body)
-             for t in await tokenizers(session, server.url, tiny_model)]
-    # The server's own conversion and count (a real call with tools needs a tool-call grammar
-    # this model's vocabulary cannot build; the count takes the same path up to the template).
-    counted = await post(session, server.url + "/v1/messages/count_tokens", body)
-    assert counted["input_tokens"] == len(found[0])
-    assert all(ids == found[0] for ids in found)
+    await assert_counted_alike(session, server, tiny_model, "messages", body)
     prompt = (await post(session, server.url + "/apply-template",
                          {"messages": [], **messages_as_chat(body)}))["prompt"]
     if case == 1:  # the template did render the converted tool calls and results
@@ -167,15 +178,9 @@ RESPONSES: list[dict[str, Any]] = [
 async def test_responses_estimate_equals_server_prompt_tokens(
         case: int, start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
         session: aiohttp.ClientSession, tmp_path: Any) -> None:
-    template = tmp_path / "tools.jinja"
-    template.write_text(TOOL_TEMPLATE)
-    server = start_llama_server(lora=False, args=["--jinja", "--chat-template-file", str(template)])
+    server = tool_template_server(start_llama_server, tmp_path)
     body = {"model": "m", **RESPONSES[case]}
-    found = [await t.tokenize_request("responses", body)
-             for t in await tokenizers(session, server.url, tiny_model)]
-    counted = await post(session, server.url + "/v1/responses/input_tokens", body)
-    assert counted["input_tokens"] == len(found[0])
-    assert all(ids == found[0] for ids in found)
+    await assert_counted_alike(session, server, tiny_model, "responses", body)
     if case == 1:  # the template did render the converted items
         prompt = (await post(session, server.url + "/apply-template",
                              responses_as_chat(body)))["prompt"]

@@ -133,24 +133,32 @@ def anthropic_cold_body(seed: int, words: int = 700) -> dict[str, Any]:
                     {"type": "text", "text": text}]}]}
 
 
-def test_a_cold_anthropic_message_is_fed_in_pieces_and_finds_itself_cached(
-        server: LlamaServer, tmp_path: Path) -> None:
+def cold_while_streaming(server: LlamaServer, tmp_path: Path, path: str,
+                         body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Send `body` to `path` through a chunk-mode proxy while a stream generates: (the server's
+    answer, the request's record)."""
     proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
                                                          prefill_share=0.9))
-    body = anthropic_cold_body(2)
     try:
         stream = Stream(proxy.url)
         try:
-            reply = call("POST", proxy.url + "/v1/messages", body)
+            reply = call("POST", proxy.url + path, body)
         finally:
             stream.close()
         assert reply.status_code == 200, reply.text
     finally:
         proxy.stop()
-    usage = reply.json()["usage"]
+    record = next(r for r in read_records(proxy) if r["endpoint"] == path)
+    assert record["prefill_plan"] == "chunked" and record["pieces"] >= 2, record
+    answer: dict[str, Any] = reply.json()
+    return answer, record
+
+
+def test_a_cold_anthropic_message_is_fed_in_pieces_and_finds_itself_cached(
+        server: LlamaServer, tmp_path: Path) -> None:
+    answer, cold = cold_while_streaming(server, tmp_path, "/v1/messages", anthropic_cold_body(2))
+    usage = answer["usage"]
     total = usage["input_tokens"] + usage["cache_read_input_tokens"]
-    cold = next(r for r in read_records(proxy) if r["endpoint"] == "/v1/messages")
-    assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
     assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == total
     assert usage["cache_read_input_tokens"] / total >= 0.9, usage
 
@@ -164,20 +172,8 @@ def test_a_cold_responses_request_is_fed_in_pieces_and_finds_itself_cached(
                       {"type": "message", "role": "assistant",
                        "content": [{"type": "output_text", "text": "Send it."}]},
                       {"role": "user", "content": [{"type": "input_text", "text": text}]}]}
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
-                                                         prefill_share=0.9))
-    try:
-        stream = Stream(proxy.url)
-        try:
-            reply = call("POST", proxy.url + "/v1/responses", body)
-        finally:
-            stream.close()
-        assert reply.status_code == 200, reply.text
-    finally:
-        proxy.stop()
-    usage = reply.json()["usage"]
-    cold = next(r for r in read_records(proxy) if r["endpoint"] == "/v1/responses")
-    assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
+    answer, cold = cold_while_streaming(server, tmp_path, "/v1/responses", body)
+    usage = answer["usage"]
     assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == usage["input_tokens"]
     assert usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"] >= 0.9, usage
 
