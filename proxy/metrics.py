@@ -64,8 +64,6 @@ class Metrics:
         self.state = state
         self._gaps_seen: dict[str, int] = {}
         """Streams in flight: how many of their token events have had their gap observed."""
-        self._seen_early: set[str] = set()
-        """Streams whose queue wait and TTFT were observed at their first token."""
 
     def labels(self, kind: str, purpose: str | None) -> tuple[str, str]:
         return kind, self.purposes.label(purpose)
@@ -83,9 +81,7 @@ class Metrics:
             self.chunked.labels(*labels).inc()
         if record.get("kind") not in GENERATING:
             return
-        if record.get("id") in self._seen_early:
-            self._seen_early.discard(record["id"])
-        else:
+        if not (record.get("stream") and record.get("events")):  # else seen at its first token
             wait = server_queue_wait_ms(record)
             if wait is not None:
                 self.queue_wait.labels(*labels).observe(wait / 1000.0)
@@ -108,7 +104,6 @@ class Metrics:
         timer, labels = flight.timer, self.labels(str(flight.kind), flight.purpose)
         if not timer.tokens:
             return
-        self._seen_early.add(flight.id)
         self.ttft.labels(*labels).observe(timer.tokens[0] - timer.arrived)
         if timer.sent is not None and timer.headers is not None:
             self.queue_wait.labels(*labels).observe(timer.headers - timer.sent)

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import pytest
 
+from proxy.runner import ProxyThread
 from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer
@@ -92,3 +93,12 @@ def _adapter(model: ModelFiles | Path, lora: bool | Path) -> Path | None:
     if lora and isinstance(model, ModelFiles):
         return model.lora
     return None
+
+
+@pytest.fixture
+def proxies() -> Iterator[list[ProxyThread]]:
+    """Proxies a test starts (it appends them); all stopped at teardown."""
+    started: list[ProxyThread] = []
+    yield started
+    for proxy in started:
+        proxy.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +41,6 @@ class Stream:
 def lora_config(url: str, tmp_path: Path, name: str, lora: dict[str, Any]) -> Config:
     return parse_config({"upstream": {"url": url}, "listen": {"port": 0},
                          "log": {"timing": str(tmp_path / f"timing-{name}.jsonl")}, "lora": lora})
-
-
-@pytest.fixture
-def proxies() -> Iterator[list[ProxyThread]]:
-    started: list[ProxyThread] = []
-    yield started
-    for proxy in started:
-        proxy.stop()
 
 
 async def start_proxy(config: Config, proxies: list[ProxyThread]) -> ProxyThread:

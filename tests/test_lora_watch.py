@@ -237,14 +237,6 @@ async def test_reload_while_the_upstream_is_down_is_accepted(
 
 # Through the whole proxy.
 
-@pytest.fixture
-def proxies() -> Iterator[list[ProxyThread]]:
-    started: list[ProxyThread] = []
-    yield started
-    for proxy in started:
-        proxy.stop()
-
-
 async def start_proxy(config: Config) -> ProxyThread:
     """Started off this loop: the fake upstream must answer the proxy's first read meanwhile."""
     return await asyncio.to_thread(ProxyThread(config).__enter__)
