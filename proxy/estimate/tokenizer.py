@@ -60,8 +60,9 @@ class UpstreamTokenizer:
         return ids
 
     async def prompt(self, kind: str, body: Mapping[str, Any]) -> Prompt:
-        """The request's one prompt, before tokenizing: the template applied for chat and
-        messages bodies, the body's own prompt for completions."""
+        """The request's one prompt, before tokenizing: the template applied for chat bodies
+        (messages and responses bodies first turned into chat bodies), the body's own prompt for
+        completions."""
         check_kind(kind)
         if kind in CHAT_KINDS:
             return await self.apply_template(body)
