@@ -11,20 +11,20 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from proxy import lifecycle, metrics, status
 from proxy.config import Config
-from proxy.handlers import handle
-from proxy.lora_watch import install as install_lora
+from proxy.ops import lifecycle, metrics, status
+from proxy.ops.lora_watch import install as install_lora
 from proxy.prefill.feature import install as install_prefill
+from proxy.record.timing_log import TimingLog
+from proxy.request.handler import handle
 from proxy.state import STATE, ProxyState
-from proxy.timing_log import TimingLog
 
 log = logging.getLogger("slotwise")
 
 
 UPSTREAM_IDLE_KEEP_S = 4.0
 """llama-server closes a kept-alive connection after 5 s idle (`Keep-Alive: timeout=5`); one
-reused just then dies under the request (`upstream_call` retries it), so idle ones go sooner."""
+reused just then dies under the request (`upstream.send` retries it), so idle ones go sooner."""
 
 
 def upstream_session(config: Config) -> aiohttp.ClientSession:

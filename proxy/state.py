@@ -1,5 +1,6 @@
-"""What the running proxy holds: the config in force, the one upstream session, the in-flight
-registry, the timing log and the gate, under one typed application key.
+"""What the running proxy holds: the config in force, the one upstream session and the client for
+slotwise's own calls over it, the in-flight registry, the timing log and the gate, under one typed
+application key.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.admission import Gate, OpenGate
 from proxy.config import Config
-from proxy.inflight import Registry
-from proxy.timing_log import TimingLog
+from proxy.record.inflight import Registry
+from proxy.record.schema import Record
+from proxy.record.timing_log import TimingLog
+from proxy.request.admission import Gate, OpenGate
+from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("slotwise")
 
@@ -29,6 +32,8 @@ class ProxyState:
     config: Config
     timing_log: TimingLog
     session: aiohttp.ClientSession = field(repr=False)
+    upstream: UpstreamClient = field(init=False, repr=False)
+    """slotwise's own calls to llama-server, over `session`, with the URL and key in force."""
     registry: Registry = field(default_factory=Registry)
     gate: Gate = field(default_factory=OpenGate)
     forced_lora: Callable[[], list[dict[str, Any]] | None] = _no_forced_lora
@@ -37,10 +42,15 @@ class ProxyState:
     clock: Callable[[], float] = time.monotonic
     reload_checks: list[Callable[[Config], Awaitable[None]]] = field(default_factory=list)
     """Run on a new config before it takes effect; one that raises ConfigError refuses it."""
-    record_observers: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    reload_hooks: list[Callable[[Config], None]] = field(default_factory=list)
+    """Told of a new config once it has taken effect (the prefill gate re-reads its table)."""
+    record_observers: list[Callable[[Record], None]] = field(default_factory=list)
     """Called with every finished timing record (metrics, the status page)."""
     stopping: bool = False
     """Set at SIGTERM: requests cut when the grace period ends are recorded as such."""
+
+    def __post_init__(self) -> None:
+        self.upstream = UpstreamClient(self.session, lambda: self.upstream_url, self.own_headers)
 
     async def apply_config(self, new: Config) -> None:
         """Make `new` the config for requests that arrive from now on (streams in flight keep
@@ -49,14 +59,16 @@ class ProxyState:
             await check(new)
         self.config = new
         self.config_gen += 1
+        for hook in self.reload_hooks:
+            hook(new)
 
-    def observe_record(self, record: dict[str, Any]) -> None:
+    def observe_record(self, record: Record) -> None:
         """Hand a finished record to every observer; a failing observer never harms the request."""
         for observer in self.record_observers:
             try:
                 observer(record)
             except Exception:
-                log.exception("a record observer failed on %s", record.get("id"))
+                log.exception("a record observer failed on %s", record.id)
 
     def own_headers(self) -> dict[str, str]:
         """Headers for slotwise's own calls to the upstream (the API key of the config in force,

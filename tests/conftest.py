@@ -1,19 +1,22 @@
-"""Shared fixtures for tests that run the real llama-server: the binary, the testbed models, and a
-factory that starts servers on 127.0.0.1 and stops every one of them when the test ends."""
+"""Shared fixtures: the proxy (`start_proxy`, and `proxy` in front of a module's `upstream_url`),
+and for tests that run the real llama-server the binary, the testbed models and a factory that
+starts servers on 127.0.0.1. Whatever a fixture starts is stopped when the test ends."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
+from proxy.config import Config
 from proxy.runner import ProxyThread
 from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer
+from tests.helpers import proxy_config
 
 pytest_plugins = ["tests.served"]  # the `serving` fixture of the operations tests
 
@@ -95,10 +98,47 @@ def _adapter(model: ModelFiles | Path, lora: bool | Path) -> Path | None:
     return None
 
 
+class StartProxy(Protocol):
+    """The type of the `start_proxy` fixture, for annotating tests."""
+
+    def __call__(self, upstream: str | Config, /, **tables: Any) -> ProxyThread: ...
+
+
 @pytest.fixture
-def proxies() -> Iterator[list[ProxyThread]]:
-    """Proxies a test starts (it appends them); all stopped at teardown."""
+def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
+    """`start_proxy(upstream_url, **tables)` -> a proxy serving in its own thread, its config made
+    by `helpers.proxy_config` (timing log in tmp_path; `tables` add to it); or `start_proxy(config)`.
+
+    Every proxy started is stopped at teardown, also one that failed to start. From an async test
+    whose upstream runs on the test's loop, call it with `asyncio.to_thread` when the proxy talks to
+    the upstream as it starts (LoRA modes fixed and none).
+    """
     started: list[ProxyThread] = []
-    yield started
-    for proxy in started:
-        proxy.stop()
+
+    def start(upstream: str | Config, /, **tables: Any) -> ProxyThread:
+        if isinstance(upstream, Config):
+            config = upstream
+        else:  # one timing log per proxy
+            log_dir = tmp_path / f"proxy-{len(started)}" if started else tmp_path
+            config = proxy_config(upstream, log_dir, **tables)
+        proxy = ProxyThread(config)
+        started.append(proxy)
+        return proxy.__enter__()
+
+    try:
+        yield start
+    finally:
+        for proxy in started:
+            proxy.stop()
+
+
+@pytest.fixture
+def proxy_tables() -> dict[str, Any]:
+    """Config tables of the `proxy` fixture (`prefill`, `listen`, …); a module may override it."""
+    return {}
+
+
+@pytest.fixture
+def proxy(start_proxy: StartProxy, upstream_url: str, proxy_tables: dict[str, Any]) -> ProxyThread:
+    """A running proxy in front of `upstream_url`, a fixture each module that uses this defines."""
+    return start_proxy(upstream_url, **proxy_tables)

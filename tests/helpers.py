@@ -1,5 +1,6 @@
-"""Helpers shared by the tests: a fake upstream served on loopback, a proxy in a thread in front of
-a given upstream, its records, and a plain HTTP call."""
+"""Helpers shared by the tests: a fake upstream served on loopback, the config of a proxy in front
+of a given upstream (conftest's `start_proxy` starts it), the records of a timing log, and a plain
+HTTP call."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.config import parse_config
+from proxy.config import Config, parse_config
+from proxy.record.flight import Flight
+from proxy.record.timing import RequestTimer
+from proxy.request.endpoints import Kind
 from proxy.runner import ProxyThread
 
 
@@ -31,21 +35,23 @@ async def serve_app(app: web.Application) -> AsyncIterator[str]:
         await server.close()
 
 
-def start_proxy(upstream_url: str, log_dir: Path, **tables: Any) -> ProxyThread:
-    """A running proxy (stop it with `.stop()`); `tables` are extra config tables."""
+def proxy_config(upstream_url: str, log_dir: Path, **tables: Any) -> Config:
+    """A proxy's config: port 0, the timing log in `log_dir`; `tables` add to it or override."""
     upstream = {"url": upstream_url, **tables.pop("upstream", {})}
     # A short grace: a test that stops the proxy has no stream to wait for, unless it says so.
     listen = {"port": 0, "shutdown_grace_s": 3, **tables.pop("listen", {})}
     log = {"timing": str(log_dir / "timing.jsonl"), **tables.pop("log", {})}
-    config = parse_config({"upstream": upstream, "listen": listen, "log": log, **tables})
-    return ProxyThread(config).__enter__()
+    return parse_config({"upstream": upstream, "listen": listen, "log": log, **tables})
 
 
-def read_records(proxy: ProxyThread, count: int | None = None, timeout: float = 10.0
-                 ) -> list[dict[str, Any]]:
-    """The proxy's records; with `count`, waits until that many are written (a record is written
-    just after the response's last byte, so a fast client can look before it is there)."""
-    path = Path(proxy.config.log.timing)
+def read_records(source: ProxyThread | Config | Path, count: int | None = None,
+                 timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The records of a timing log: a proxy's, a config's, or the file's at a path; with `count`,
+    waits until that many are written (a record is written just after the response's last byte,
+    so a fast client can look before it is there). An absent log has no records."""
+    if isinstance(source, ProxyThread):
+        source = source.config
+    path = Path(source.log.timing) if isinstance(source, Config) else source
     deadline = time.monotonic() + timeout
     while True:
         lines = path.read_bytes().splitlines() if path.exists() else []
@@ -76,3 +82,10 @@ def http(method: str, url: str, json: Any = None, timeout: float = 60.0) -> Repl
                          response.read())
     except urllib.error.HTTPError as error:
         return Reply(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())
+
+
+def make_flight(name: str, now: float, kind: Kind = Kind.CHAT, *, stream: bool = True,
+                **facts: Any) -> Flight:
+    """A request's `Flight` as the handler makes it at arrival, for the tests of what reads it."""
+    return Flight(id=name, kind=kind, method="POST", endpoint=f"/{kind}", wall_start=0.0,
+                  config_gen=1, timer=RequestTimer(arrived=now), stream=stream, **facts)

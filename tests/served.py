@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
-from proxy.bench.harness import toml_text
+from proxy.testbed.toml import toml_text
 
 SLOTWISE = Path(sys.executable).parent / "slotwise"
 GRACE_S = 5  # listen.shutdown_grace_s of every proxy here: a reload may not change it
@@ -89,7 +88,3 @@ def serving() -> Iterator[list[Served]]:
         if served.process.poll() is None:
             served.process.kill()
         served.close()
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]

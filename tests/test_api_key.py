@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from proxy.runner import ProxyThread
-from tests.helpers import read_records, serve_app, start_proxy
+from tests.conftest import StartProxy
+from tests.helpers import read_records, serve_app
 
 KEY = "k-one"
 
@@ -90,35 +90,33 @@ async def status_slots(session: aiohttp.ClientSession, proxy: ProxyThread) -> li
 
 
 async def test_own_calls_carry_the_key_forwarded_requests_stay_as_sent(
-        upstream: tuple[KeyedUpstream, str], tmp_path: Path) -> None:
+        upstream: tuple[KeyedUpstream, str], start_proxy: StartProxy) -> None:
     fake, url = upstream
     proxy = await asyncio.to_thread(
-        start_proxy, url, tmp_path, upstream={"api_key": KEY},
+        start_proxy, url, upstream={"api_key": KEY},
         lora={"mode": "fixed", "adapters": [{"id": 0, "scale": 1.0}]},
         prefill={"mode": "chunk", "cold_tokens": 2})
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert await chat(session, proxy.url, {}) == 200
-            assert await chat(session, proxy.url, {"Authorization": "Bearer the-clients-own"}) == 200
-            records = await asyncio.to_thread(read_records, proxy, 2)
-            assert all(r["est_prompt_tokens"] == 3 and r["lora_rewritten"] for r in records)
-            assert await status_slots(session, proxy)
-            for call in [("GET", "/lora-adapters"), ("POST", "/lora-adapters"),
-                         ("GET", "/props"), ("POST", "/apply-template"), ("POST", "/tokenize"),
-                         ("GET", "/slots")]:
-                assert set(fake.auth_of(*call)) == {f"Bearer {KEY}"}, call
-            assert fake.auth_of("POST", "/v1/chat/completions") == [None, "Bearer the-clients-own"]
+    async with aiohttp.ClientSession() as session:
+        assert await chat(session, proxy.url, {}) == 200
+        assert await chat(session, proxy.url, {"Authorization": "Bearer the-clients-own"}) == 200
+        records = await asyncio.to_thread(read_records, proxy, 2)
+        assert all(r["est_prompt_tokens"] == 3 and r["lora_rewritten"] for r in records)
+        assert await status_slots(session, proxy)
+        for call in [("GET", "/lora-adapters"), ("POST", "/lora-adapters"),
+                     ("GET", "/props"), ("POST", "/apply-template"), ("POST", "/tokenize"),
+                     ("GET", "/slots")]:
+            assert set(fake.auth_of(*call)) == {f"Bearer {KEY}"}, call
+        assert fake.auth_of("POST", "/v1/chat/completions") == [None, "Bearer the-clients-own"]
 
-            # A reload with another key: the next own calls carry the new one.
-            fake.key = "k-two"
-            old = proxy.state.config
-            new = dataclasses.replace(old, upstream=dataclasses.replace(old.upstream,
-                                                                        api_key="k-two"))
-            await asyncio.to_thread(proxy.call, proxy.state.apply_config(new))
-            fake.seen.clear()
-            assert await chat(session, proxy.url, {}) == 200
-            assert set(fake.auth_of("POST", "/apply-template")) == {"Bearer k-two"}
-            assert fake.auth_of("GET", "/lora-adapters") in ([], ["Bearer k-two"])
-            assert (await asyncio.to_thread(read_records, proxy, 3))[-1]["est_prompt_tokens"] == 3
-    finally:
-        await asyncio.to_thread(proxy.stop)
+        # A reload with another key: the next own calls carry the new one.
+        fake.key = "k-two"
+        old = proxy.state.config
+        new = dataclasses.replace(old, upstream=dataclasses.replace(old.upstream,
+                                                                    api_key="k-two"))
+        await asyncio.to_thread(proxy.call, proxy.state.apply_config(new))
+        fake.seen.clear()
+        assert await chat(session, proxy.url, {}) == 200
+        assert set(fake.auth_of("POST", "/apply-template")) == {"Bearer k-two"}
+        assert fake.auth_of("GET", "/lora-adapters") in ([], ["Bearer k-two"])
+        assert (await asyncio.to_thread(read_records, proxy, 3))[-1]["est_prompt_tokens"] == 3
+    await asyncio.to_thread(proxy.stop)  # on this loop's side: the fake upstream must answer

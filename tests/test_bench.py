@@ -50,9 +50,9 @@ def test_ranges_over_runs_show_each_figures_lowest_and_highest() -> None:
             {"slotwise chunk": {"stream_rate_pct": 43.8, "shorts_over_1_5x": 2, "shorts": 12,
                                 "cold_ttft_x": None}}]
     rows = {row[0]: row[1] for row in rendered_rows(ranges_table(runs))}
-    assert rows["  as % of their rate alone"] == "43.8 % – 47.4 %"
-    assert rows["  short turns over 1.5 × uncontended p90"] == "2 – 4"
-    assert rows["  as × alone"] == "2.13 × – 2.13 ×"  # a run without the figure is left out
+    assert rows["  as % of their rate alone"] == "43.8–47.4 %"
+    assert rows["  short turns over 1.5 × uncontended p90"] == "2–4"
+    assert rows["  as × alone"] == "2.13–2.13 ×"  # a run without the figure is left out
     assert rows["streams' longest gap (s)"] == "–"
 
 

@@ -25,6 +25,7 @@ from proxy.estimate.prompt import (
     tokenize_mixed,
 )
 from proxy.estimate.responses import responses_as_chat
+from proxy.upstream import UpstreamClient
 
 
 def seq(start: int, n: int) -> list[int]:
@@ -219,7 +220,8 @@ async def test_unreachable_upstream_is_an_estimate_error() -> None:
 
 
 async def _unreachable(session: aiohttp.ClientSession) -> None:
-    upstream = UpstreamTokenizer(session, "http://127.0.0.1:9", timeout_s=2.0)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: "http://127.0.0.1:9"),
+                                 timeout_s=2.0)
     with pytest.raises(EstimateError, match="/apply-template failed"):
         await upstream.tokenize_request("chat", {"messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(NotEstimable):

@@ -25,6 +25,7 @@ from proxy.estimate.responses import responses_as_chat
 from proxy.estimate.tokenizer import COUNT_PATHS
 from proxy.prefill.estimator import Estimator, slot_advice
 from proxy.testbed.model import ModelFiles
+from proxy.upstream import UpstreamClient
 from tests.conftest import StartLlamaServer
 
 pytestmark = pytest.mark.real_server
@@ -67,7 +68,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 
 async def tokenizers(session: aiohttp.ClientSession, url: str,
                      model: ModelFiles) -> list[PromptTokenizer]:
-    upstream = UpstreamTokenizer(session, url)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: url))
     if not HAS_LLAMA_CPP:
         return [upstream]
     return [upstream, await LocalTokenizer.open(str(model.model), upstream)]
@@ -193,7 +194,7 @@ async def test_a_messages_body_the_server_counts_otherwise_is_not_estimated(
     """slotwise's conversion is checked against the server's own count: a block type the server
     renders but slotwise would not (simulated by a count that cannot match) fails the estimate."""
     server = start_llama_server(lora=False)
-    upstream = UpstreamTokenizer(session, server.url)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: server.url))
     body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     tokens = len(await upstream.tokenize_request("messages", body))
     with pytest.raises(EstimateError, match=f"makes {tokens + 1} prompt tokens.*counts {tokens}"):
@@ -218,7 +219,7 @@ async def test_local_tokenizer_matches_server_tokenize_on_long_text(
         start_llama_server: StartLlamaServer, tiny_model: ModelFiles,
         session: aiohttp.ClientSession) -> None:
     server = start_llama_server(lora=False)
-    upstream = UpstreamTokenizer(session, server.url)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: server.url))
     local = await LocalTokenizer.open(str(tiny_model.model), upstream)
     text = "".join(f"line {i}: <|im_end|> the quick brown fox ü 🦊\n" for i in range(1500))
     body = {"prompt": text}
@@ -228,7 +229,7 @@ async def test_local_tokenizer_matches_server_tokenize_on_long_text(
 async def test_cache_model_predicts_server_cache_n(
         start_llama_server: StartLlamaServer, session: aiohttp.ClientSession) -> None:
     server = start_llama_server(lora=False, args=["-np", "2"])
-    upstream = UpstreamTokenizer(session, server.url)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: server.url))
     cache = CacheModel(n_slots=2, n_ctx=4096)
     turn = [{"role": "user", "content": "Tell me a long story about a lighthouse. " * 30}]
     for reply in ("The keeper woke early.", "Storms came in the night."):
@@ -249,7 +250,7 @@ async def test_pieces_extend_the_cached_prefix(
     """The chunk plan's mechanics: id prefixes with n_predict 0 each find the previous one cached,
     and the real chat request then finds the fed prefix cached, as the cache model predicts."""
     server = start_llama_server(lora=False)
-    upstream = UpstreamTokenizer(session, server.url)
+    upstream = UpstreamTokenizer(UpstreamClient(session, lambda: server.url))
     body = {"messages": [{"role": "user", "content": "a cold prompt " * 400}], "max_tokens": 1}
     ids = await upstream.tokenize_request("chat", body)
     cache = CacheModel(n_slots=4, n_ctx=8192)
@@ -268,7 +269,7 @@ async def test_chunk_mode_warns_once_when_the_server_has_too_few_slots(
         slots: int, warned: bool, start_llama_server: StartLlamaServer,
         session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
     server = start_llama_server(lora=False, args=["-np", str(slots)])
-    estimator = Estimator(session, lambda: server.url)
+    estimator = Estimator(UpstreamClient(session, lambda: server.url))
     body = {"messages": [{"role": "user", "content": "Hello"}]}
     with caplog.at_level(logging.WARNING, logger="slotwise.prefill"):
         for _ in range(2):

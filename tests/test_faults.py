@@ -3,42 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from proxy.runner import ProxyThread
+from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
-from tests.helpers import read_records, serve_app, start_proxy
+from tests.helpers import read_records, serve_app
 
 
 @pytest.fixture
 async def fake_url() -> AsyncIterator[str]:
     async with serve_app(make_app()) as url:
         yield url
-
-
-@pytest.fixture
-def proxy_factory(tmp_path: Path) -> Iterator[Any]:
-    started: list[ProxyThread] = []
-
-    def start(url: str, **tables: Any) -> ProxyThread:
-        proxy = start_proxy(url, tmp_path, **tables)
-        started.append(proxy)
-        return proxy
-
-    yield start
-    for proxy in started:
-        proxy.stop()
-
-
-def records(proxy: ProxyThread) -> list[dict[str, Any]]:
-    """All the records, once the proxy has been stopped (so every one is written)."""
-    return read_records(proxy)
 
 
 def chat_body(model: str = "fast", tokens: int = 20, stream: bool = True) -> dict[str, Any]:
@@ -53,15 +33,15 @@ async def read_stream(session: aiohttp.ClientSession, url: str, body: dict[str, 
 
 
 async def test_200_concurrent_streams_all_complete_with_200_records(fake_url: str,
-                                                                     proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url)
+                                                                     start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         bodies = await asyncio.gather(*(read_stream(session, proxy.url, chat_body(tokens=50))
                                         for _ in range(200)))
     assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
     assert all(body.count(b"\"content\":\"tok\"") == 50 for body in bodies)
     proxy.stop()
-    recs = records(proxy)
+    recs = read_records(proxy)
     assert len(recs) == 200
     assert {r["outcome"] for r in recs} == {"done"}
     assert all(r["events"] == 50 for r in recs)
@@ -69,22 +49,22 @@ async def test_200_concurrent_streams_all_complete_with_200_records(fake_url: st
 
 
 async def test_reset_mid_stream_gives_a_clear_error_and_the_record_says_so(
-        fake_url: str, proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url)
+        fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url)
     async with aiohttp.ClientSession() as session:
         body = await read_stream(session, proxy.url, chat_body("reset"))
     last = body.strip().split(b"\n\n")[-1]
     error = orjson.loads(last.removeprefix(b"data: "))["error"]
     assert "broke off" in error["message"] and error["type"] == "slotwise_bad_upstream_stream"
     proxy.stop()
-    (rec,) = records(proxy)
+    (rec,) = read_records(proxy)
     assert rec["outcome"] == "upstream_error" and "broke off" in rec["error"]
     assert rec["events"] == 10
 
 
 async def test_garbled_event_is_not_relayed_and_ends_the_stream_with_an_error(
-        fake_url: str, proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url)
+        fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url)
     async with aiohttp.ClientSession() as session:
         body = await read_stream(session, proxy.url, chat_body("garbled"))
     events = body.strip().split(b"\n\n")
@@ -92,12 +72,12 @@ async def test_garbled_event_is_not_relayed_and_ends_the_stream_with_an_error(
     error = orjson.loads(events[-1].removeprefix(b"data: "))["error"]
     assert "malformed event" in error["message"]
     proxy.stop()
-    (rec,) = records(proxy)
+    (rec,) = read_records(proxy)
     assert rec["outcome"] == "upstream_error" and "malformed" in rec["error"]
 
 
-async def test_an_upstream_that_never_answers_gives_504(fake_url: str, proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url, upstream={"read_timeout_s": 0.5})
+async def test_an_upstream_that_never_answers_gives_504(fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url, upstream={"read_timeout_s": 0.5})
     async with aiohttp.ClientSession() as session, session.post(
             proxy.url + "/v1/chat/completions", json=chat_body("silent")) as response:
         assert response.status == 504
@@ -105,24 +85,24 @@ async def test_an_upstream_that_never_answers_gives_504(fake_url: str, proxy_fac
         error = (await response.json())["error"]
     assert "no answer from the upstream within 0.5 s" in error["message"]
     proxy.stop()
-    (rec,) = records(proxy)
+    (rec,) = read_records(proxy)
     assert rec["outcome"] == "upstream_error" and rec["status"] == 504
 
 
-async def test_unreachable_upstream_gives_502(proxy_factory: Any) -> None:
-    proxy = proxy_factory("http://127.0.0.1:9")
+async def test_unreachable_upstream_gives_502(start_proxy: StartProxy) -> None:
+    proxy = start_proxy("http://127.0.0.1:9")
     async with aiohttp.ClientSession() as session, session.get(proxy.url + "/health") as response:
         assert response.status == 502
         error = (await response.json())["error"]
     assert "cannot connect to the upstream" in error["message"]
     proxy.stop()
-    (rec,) = records(proxy)
+    (rec,) = read_records(proxy)
     assert rec["outcome"] == "upstream_error" and rec["endpoint"] == "/health"
 
 
 async def test_a_body_that_is_not_json_gets_400_where_slotwise_reads_it(
-        fake_url: str, proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url)
+        fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url)
     async with aiohttp.ClientSession() as session:
         async with session.post(proxy.url + "/v1/chat/completions", data=b"{nope") as response:
             assert response.status == 400
@@ -131,11 +111,11 @@ async def test_a_body_that_is_not_json_gets_400_where_slotwise_reads_it(
             assert response.status == 200  # forwarded unchanged: slotwise need not read it
             assert (await response.json())["length"] == 5
     proxy.stop()
-    assert [r["outcome"] for r in records(proxy)] == ["bad_request", "done"]
+    assert [r["outcome"] for r in read_records(proxy)] == ["bad_request", "done"]
 
 
-async def test_a_body_over_the_limit_gets_413(fake_url: str, proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url, listen={"max_body_mb": 0.01})
+async def test_a_body_over_the_limit_gets_413(fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url, listen={"max_body_mb": 0.01})
     big = {"messages": [{"role": "user", "content": "x" * 20000}]}
     async with aiohttp.ClientSession() as session:
         async with session.post(proxy.url + "/v1/chat/completions", json=big) as response:
@@ -144,12 +124,12 @@ async def test_a_body_over_the_limit_gets_413(fake_url: str, proxy_factory: Any)
         async with session.post(proxy.url + "/tokenize", data=b"y" * 20000) as response:
             assert response.status == 413
     proxy.stop()
-    assert [r["status"] for r in records(proxy)] == [413, 413]
+    assert [r["status"] for r in read_records(proxy)] == [413, 413]
 
 
 async def test_headers_pass_as_a_reverse_proxy_passes_them(fake_url: str,
-                                                           proxy_factory: Any) -> None:
-    proxy = proxy_factory(fake_url)
+                                                           start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url)
     headers = {"Authorization": "Bearer k", "X-Slotwise-Client": "ann",
                "X-Slotwise-Purpose": "chat", "Connection": "keep-alive, X-Hop", "X-Hop": "1"}
     async with aiohttp.ClientSession() as session, session.get(
@@ -163,5 +143,5 @@ async def test_headers_pass_as_a_reverse_proxy_passes_them(fake_url: str,
     assert "x-slotwise-client" not in sent and "x-slotwise-purpose" not in sent
     assert "x-hop" not in sent
     proxy.stop()
-    (rec,) = records(proxy)
+    (rec,) = read_records(proxy)
     assert rec["id"] == rid and rec["client"] == "ann" and rec["purpose"] == "chat"

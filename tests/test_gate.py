@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from proxy.config import PrefillConfig
-from proxy.endpoints import Kind
-from proxy.errors import Rejected
 from proxy.estimate import Estimate, EstimateError
-from proxy.inflight import Flight, Phase, Registry
 from proxy.prefill.feeder import PieceError, PieceResult
 from proxy.prefill.gate import PrefillGate
-from proxy.timing import RequestTimer
+from proxy.record.flight import Flight, Phase
+from proxy.record.inflight import Registry
+from proxy.request.endpoints import Kind
+from proxy.request.errors import Rejected
+from tests.helpers import make_flight
 
 
 class Clock:
@@ -92,28 +93,28 @@ def make_rig(mode: str, **over: Any) -> Rig:
                             max_waiting=1, max_hold_s=30.0, **over)]
     registry, clock = Registry(), Clock()
     estimator, feeder = FakeEstimator(), FakeFeeder()
-    gate = PrefillGate(config=lambda: config[0], estimator=estimator,  # type: ignore[arg-type]
+    gate = PrefillGate(config=config[0], estimator=estimator,  # type: ignore[arg-type]
                        feeder=feeder, registry=registry, clock=clock)  # type: ignore[arg-type]
     registry.subscribe(gate.on_phase)
     return Rig(gate, registry, clock, estimator, feeder, config)
 
 
-def flight(rig: Rig, name: str) -> Flight:
-    f = Flight(id=name, kind=Kind.CHAT, stream=True, timer=RequestTimer(arrived=rig.clock.now))
+def flight(rig: Rig, name: str, kind: Kind = Kind.CHAT) -> Flight:
+    f = make_flight(name, rig.clock.now, kind)
     rig.registry.add(f, rig.clock.now)
     return f
 
 
 async def generating(rig: Rig, name: str = "s") -> Flight:
     f = flight(rig, name)
-    await rig.gate.admit(f, Kind.CHAT, {"n": 50})
+    await rig.gate.admit(f, {"n": 50})
     rig.registry.move(f, Phase.PREFILLING, rig.clock.now)
     rig.registry.move(f, Phase.DECODING, rig.clock.now)
     return f
 
 
 def finish(rig: Rig, f: Flight, prompt_n: int = 50, cache_n: int = 0) -> None:
-    f.new_tokens, f.prompt_tokens = prompt_n, prompt_n + cache_n
+    f.computed_tokens, f.prompt_tokens = prompt_n, prompt_n + cache_n
     rig.registry.finish(f, rig.clock.now)
 
 
@@ -125,7 +126,8 @@ async def settle() -> None:
 async def test_mode_off_does_not_estimate_but_tracks() -> None:
     rig = make_rig("off")
     f = flight(rig, "a")
-    admission = await rig.gate.admit(f, Kind.CHAT, {"n": 5000})
+    await rig.gate.admit(f, {"n": 5000})
+    admission = f.prefill
     assert admission.plan == "none" and admission.est_new_tokens is None
     assert rig.estimator.calls == 0
     assert [k for k, _ in rig.gate.policy.snapshot().in_flight] == ["a#1"]
@@ -134,25 +136,28 @@ async def test_mode_off_does_not_estimate_but_tracks() -> None:
 
 
 async def test_other_kinds_pass_untouched(rig: Rig) -> None:
-    admission = await rig.gate.admit(flight(rig, "e"), Kind.EMBEDDINGS, {"n": 5000})
-    assert admission.plan == "none" and rig.estimator.calls == 0
+    await rig.gate.admit(e := flight(rig, "e", Kind.EMBEDDINGS), {"n": 5000})
+    assert e.prefill.plan == "none" and rig.estimator.calls == 0
 
 
 async def test_short_request_admitted_at_once_with_its_estimate(rig: Rig) -> None:
-    admission = await rig.gate.admit(flight(rig, "a"), Kind.CHAT, {"n": 300})
+    await rig.gate.admit(f := flight(rig, "a"), {"n": 300})
+    admission = f.prefill
     assert (admission.plan, admission.held_ms, admission.note) == ("none", 0.0, None)
     assert (admission.est_prompt_tokens, admission.est_new_tokens) == (300, 300)
 
 
 async def test_estimate_error_fails_open_with_a_note(rig: Rig) -> None:
     await generating(rig)
-    admission = await rig.gate.admit(flight(rig, "a"), Kind.CHAT, {"fail": True})
+    await rig.gate.admit(f := flight(rig, "a"), {"fail": True})
+    admission = f.prefill
     assert admission.plan == "none" and admission.est_new_tokens is None
     assert admission.note and admission.note.startswith("not estimated")
 
 
 async def test_cold_with_nobody_generating_is_admitted(rig: Rig) -> None:
-    admission = await rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000})
+    await rig.gate.admit(f := flight(rig, "c"), {"n": 3000})
+    admission = f.prefill
     assert admission.plan == "none" and admission.note == "cold, nobody generating"
 
 
@@ -160,12 +165,13 @@ async def test_defer_holds_until_the_others_finish() -> None:
     rig = make_rig("defer")
     s = await generating(rig)
     c = flight(rig, "c")
-    task = asyncio.create_task(rig.gate.admit(c, Kind.CHAT, {"n": 3000}))
+    task = asyncio.create_task(rig.gate.admit(c, {"n": 3000}))
     await settle()
     assert not task.done() and c.phase is Phase.HELD
     rig.clock.now = 2.0
     finish(rig, s, prompt_n=50, cache_n=10)
-    admission = await task
+    await task
+    admission = c.prefill
     assert (admission.plan, admission.held_ms) == ("held", 2000.0)
     assert admission.note == "held until others finished"
     assert (50, 10) in rig.estimator.learned  # the cache model heard the server's cache_n
@@ -174,21 +180,22 @@ async def test_defer_holds_until_the_others_finish() -> None:
 async def test_defer_releases_at_max_hold_on_tick() -> None:
     rig = make_rig("defer")
     await generating(rig)
-    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    task = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 3000}))
     await settle()
     rig.clock.now = 31.0
     rig.gate.tick()
-    assert (await task).note == "held prefill.max_hold_s"
+    await task
+    assert c.prefill.note == "held prefill.max_hold_s"
 
 
 async def test_chunk_feeds_pieces_then_forwards(rig: Rig) -> None:
     s = await generating(rig)
     c = flight(rig, "c")
-    task = asyncio.create_task(rig.gate.admit(c, Kind.CHAT, {"n": 3000, "lora": [{"id": 0}]}))
+    task = asyncio.create_task(rig.gate.admit(c, {"n": 3000, "lora": [{"id": 0}]}))
     await settle()
-    assert rig.feeder.pieces == [(128, [{"id": 0}])]  # 500 tok/s x 256 ms, rounded to 64
+    assert rig.feeder.pieces == [(64, [{"id": 0}])]  # the prior cost, 20 ms + 2 ms a token: 64 fit
     rig.clock.now = 0.1
-    rig.feeder.done(128, ms=100.0)
+    rig.feeder.done(64, ms=100.0)
     await settle()
     assert rig.feeder.pieces[1:] == []  # the pause after a piece
     rig.clock.now = 0.3
@@ -199,14 +206,15 @@ async def test_chunk_feeds_pieces_then_forwards(rig: Rig) -> None:
     await settle()
     assert not task.done()
     rig.feeder.done(256)
-    admission = await task
+    await task
+    admission = c.prefill
     assert (admission.plan, admission.pieces) == ("chunked", 2)
     assert admission.note and admission.note.startswith("nobody generating after 2 pieces")
 
 
 async def test_client_leaving_while_chunked_cancels_its_piece(rig: Rig) -> None:
     await generating(rig)
-    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    task = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 3000}))
     await settle()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -215,25 +223,40 @@ async def test_client_leaving_while_chunked_cancels_its_piece(rig: Rig) -> None:
     assert rig.feeder.cancelled == 1
     snap = rig.gate.policy.snapshot()
     assert snap.held == () and snap.chunking is None
+    assert c.prefill.plan == "held" and c.prefill.pieces == 0  # its record says it left held
+
+
+async def test_pieces_fed_before_the_client_leaves_stay_counted(rig: Rig) -> None:
+    await generating(rig)
+    task = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 3000}))
+    await settle()
+    rig.clock.now = 0.1
+    rig.feeder.done(128, ms=100.0)
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (c.prefill.plan, c.prefill.pieces, c.prefill.fed_tokens) == ("chunked", 1, 128)
 
 
 async def test_failed_piece_forwards_as_it_came(rig: Rig) -> None:
     await generating(rig)
-    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    task = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 3000}))
     await settle()
     rig.feeder.fail()
-    admission = await task
+    await task
+    admission = c.prefill
     assert admission.note == "piece failed, forwarded as it came: HTTP 500: boom"
     assert admission.pieces == 0
 
 
 async def test_too_many_waiting_are_rejected(rig: Rig) -> None:
     await generating(rig)
-    first = asyncio.create_task(rig.gate.admit(flight(rig, "c1"), Kind.CHAT, {"n": 3000}))
-    second = asyncio.create_task(rig.gate.admit(flight(rig, "c2"), Kind.CHAT, {"n": 3000}))
+    first = asyncio.create_task(rig.gate.admit(flight(rig, "c1"), {"n": 3000}))
+    second = asyncio.create_task(rig.gate.admit(flight(rig, "c2"), {"n": 3000}))
     await settle()
     with pytest.raises(Rejected):
-        await rig.gate.admit(flight(rig, "c3"), Kind.CHAT, {"n": 3000})
+        await rig.gate.admit(flight(rig, "c3"), {"n": 3000})
     for task in (first, second):
         task.cancel()
     await asyncio.gather(first, second, return_exceptions=True)
@@ -241,10 +264,10 @@ async def test_too_many_waiting_are_rejected(rig: Rig) -> None:
 
 async def test_reload_to_off_releases_the_held(rig: Rig) -> None:
     await generating(rig)
-    task = asyncio.create_task(rig.gate.admit(flight(rig, "c"), Kind.CHAT, {"n": 3000}))
+    task = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 3000}))
     await settle()
-    rig.config[0] = dataclasses.replace(rig.config[0], mode="off")
-    rig.gate.current_config()
+    rig.gate.reconfigure(dataclasses.replace(rig.config[0], mode="off"))
     rig.feeder.done(128)
-    admission = await task
+    await task
+    admission = c.prefill
     assert admission.note == "cold, prefill.mode off (reload)"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.config import ConfigError, LoraConfig, parse_config
-from proxy.lora import (
+from proxy.ops.lora import (
     LoraConfigError,
     LoraListError,
     LoraNotReady,

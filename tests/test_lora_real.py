@@ -11,17 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
-from aiohttp import web
 
-from proxy.app import create_app
+from proxy.app import start
 from proxy.config import Config, parse_config
-from proxy.lora import LoraConfigError
+from proxy.ops.lora import LoraConfigError
 from proxy.runner import ProxyThread
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
-from tests.conftest import StartLlamaServer
+from tests.conftest import StartLlamaServer, StartProxy
 from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
@@ -43,26 +41,15 @@ def lora_config(url: str, tmp_path: Path, name: str, lora: dict[str, Any]) -> Co
                          "log": {"timing": str(tmp_path / f"timing-{name}.jsonl")}, "lora": lora})
 
 
-async def start_proxy(config: Config, proxies: list[ProxyThread]) -> ProxyThread:
-    proxy = await asyncio.to_thread(ProxyThread(config).__enter__)
-    proxies.append(proxy)
-    return proxy
-
-
 async def start_error(config: Config) -> LoraConfigError:
-    """The error that stops a proxy's start (cleaned up as `proxy.app.start` should on failure)."""
-    runner = web.AppRunner(create_app(config))
-    try:
-        with pytest.raises(LoraConfigError) as caught:
-            await runner.setup()
-    finally:
-        await runner.cleanup()
+    """The error that stops a proxy's start (`start` cleans up what it began)."""
+    with pytest.raises(LoraConfigError) as caught:
+        await start(config)
     return caught.value
 
 
 def records_by_id(proxy: ProxyThread) -> dict[str, dict[str, Any]]:
-    lines = Path(proxy.config.log.timing).read_bytes().splitlines()
-    return {rec["id"]: rec for rec in map(orjson.loads, lines)}
+    return {rec["id"]: rec for rec in read_records(proxy)}
 
 
 async def chat_stream(session: aiohttp.ClientSession, url: str, stream: Stream, *, text: str,
@@ -126,12 +113,12 @@ def two_slot_server(start_llama_server: StartLlamaServer) -> LlamaServer:
 @pytest.mark.slow
 async def test_other_lora_waits_in_passthrough_and_batches_in_fixed(
         two_slot_server: LlamaServer, tiny_model: ModelFiles, tmp_path: Path,
-        proxies: list[ProxyThread]) -> None:
+        start_proxy: StartProxy) -> None:
     url = two_slot_server.url
-    passthrough = await contest(await start_proxy(
-        lora_config(url, tmp_path, "passthrough", {"mode": "passthrough"}), proxies))
-    fixed = await contest(await start_proxy(lora_config(url, tmp_path, "fixed", {
-        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 1.0}]}), proxies))
+    passthrough = await contest(await asyncio.to_thread(
+        start_proxy, lora_config(url, tmp_path, "passthrough", {"mode": "passthrough"})))
+    fixed = await contest(await asyncio.to_thread(start_proxy, lora_config(url, tmp_path, "fixed", {
+        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 1.0}]})))
     figures = {name: (round(c.short_record["queue_ms"]), round(c.long_left_ms),
                       c.long_events_during_short())
                for name, c in (("passthrough", passthrough), ("fixed", fixed))}
@@ -190,10 +177,10 @@ async def slot_lora(session: aiohttp.ClientSession, server_url: str) -> Any:
 
 async def test_fixed_sends_one_identical_array_with_and_without_client_lora(
         start_llama_server: StartLlamaServer, tiny_model: ModelFiles, tmp_path: Path,
-        proxies: list[ProxyThread]) -> None:
+        start_proxy: StartProxy) -> None:
     server = start_llama_server(args=["-np", "1"])
-    proxy = await start_proxy(lora_config(server.url, tmp_path, "fixed", {
-        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 0.5}]}), proxies)
+    proxy = await asyncio.to_thread(start_proxy, lora_config(server.url, tmp_path, "fixed", {
+        "mode": "fixed", "adapters": [{"name": tiny_model.lora.name, "scale": 0.5}]}))
     prefix = "The quick brown fox jumps over the lazy dog. " * 20
     async with aiohttp.ClientSession() as session:
         first = await completion(session, proxy.url, prefix + "One", None)
@@ -230,9 +217,10 @@ async def test_a_name_the_server_lacks_stops_the_start_with_what_it_has(
 
 
 async def test_none_without_adapters_forwards_as_sent_and_fixed_is_refused(
-        start_llama_server: StartLlamaServer, tmp_path: Path, proxies: list[ProxyThread]) -> None:
+        start_llama_server: StartLlamaServer, tmp_path: Path, start_proxy: StartProxy) -> None:
     server = start_llama_server(lora=False)
-    proxy = await start_proxy(lora_config(server.url, tmp_path, "none", {"mode": "none"}), proxies)
+    proxy = await asyncio.to_thread(start_proxy,
+                                    lora_config(server.url, tmp_path, "none", {"mode": "none"}))
     async with aiohttp.ClientSession() as session:
         await completion(session, proxy.url, "Hello", None)
     await asyncio.to_thread(proxy.stop)

@@ -11,18 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
+from proxy.app import start
 from proxy.config import Config, ConfigError, parse_config
-from proxy.lora import LoraConfigError, LoraNotReady, LoraProfile
-from proxy.lora_watch import check_reload, first_read, refresh
-from proxy.runner import ProxyThread
+from proxy.ops.lora import LoraConfigError, LoraNotReady, LoraProfile
+from proxy.ops.lora_watch import check_reload, first_read, refresh
+from proxy.record.timing_log import TimingLog
 from proxy.state import ProxyState
-from proxy.timing_log import TimingLog
-from tests.helpers import serve_app
+from tests.conftest import StartProxy
+from tests.helpers import read_records, serve_app
 
 
 @dataclass
@@ -237,21 +236,13 @@ async def test_reload_while_the_upstream_is_down_is_accepted(
 
 # Through the whole proxy.
 
-async def start_proxy(config: Config) -> ProxyThread:
-    """Started off this loop: the fake upstream must answer the proxy's first read meanwhile."""
-    return await asyncio.to_thread(ProxyThread(config).__enter__)
-
-
-def records(config: Config) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in Path(config.log.timing).read_bytes().splitlines()]
-
+# The proxy is started off this loop (`to_thread`): the fake upstream must answer its first read.
 
 async def test_fixed_forwards_one_identical_array_whatever_the_client_sent(
-        fake: tuple[Fake, str], tmp_path: Path, proxies: list[ProxyThread],
+        fake: tuple[Fake, str], tmp_path: Path, start_proxy: StartProxy,
         session: aiohttp.ClientSession) -> None:
     upstream, url = fake
-    proxy = await start_proxy(make_config(url, tmp_path, **FIXED_DE))
-    proxies.append(proxy)
+    proxy = await asyncio.to_thread(start_proxy, make_config(url, tmp_path, **FIXED_DE))
     sent: list[Any] = [None, [{"id": 0, "scale": 1.0}], "not an array", [{"id": 99}],
                        [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]]
     for lora in sent:
@@ -263,18 +254,17 @@ async def test_fixed_forwards_one_identical_array_whatever_the_client_sent(
     proxy.stop()
     expected = [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]
     assert [b["lora"] for b in upstream.bodies] == [expected] * len(sent)
-    recs = records(proxy.config)
+    recs = read_records(proxy)
     assert [r["lora_in"] for r in recs] == sent
     assert [r["lora_out"] for r in recs] == [expected] * len(sent)
     assert [r["lora_rewritten"] for r in recs] == [True, True, True, True, False]
 
 
 async def test_passthrough_forwards_a_malformed_lora_unchanged(
-        fake: tuple[Fake, str], tmp_path: Path, proxies: list[ProxyThread],
+        fake: tuple[Fake, str], tmp_path: Path, start_proxy: StartProxy,
         session: aiohttp.ClientSession) -> None:
     upstream, url = fake
-    proxy = await start_proxy(make_config(url, tmp_path))
-    proxies.append(proxy)
+    proxy = await asyncio.to_thread(start_proxy, make_config(url, tmp_path))
     async with session.post(proxy.url + "/completion",
                             json={"prompt": "hi", "lora": "not an array"}) as response:
         assert response.status == 200
@@ -282,9 +272,9 @@ async def test_passthrough_forwards_a_malformed_lora_unchanged(
 
 
 async def test_model_requests_get_503_until_the_upstream_can_be_read(
-        tmp_path: Path, proxies: list[ProxyThread], session: aiohttp.ClientSession) -> None:
-    proxy = await start_proxy(make_config(closed_port_url(), tmp_path, mode="none"))
-    proxies.append(proxy)
+        tmp_path: Path, start_proxy: StartProxy, session: aiohttp.ClientSession) -> None:
+    proxy = await asyncio.to_thread(start_proxy,
+                                    make_config(closed_port_url(), tmp_path, mode="none"))
     async with session.post(proxy.url + "/v1/chat/completions",
                             json={"messages": [{"role": "user", "content": "hi"}]}) as response:
         assert response.status == 503
@@ -294,7 +284,7 @@ async def test_model_requests_get_503_until_the_upstream_can_be_read(
     async with session.get(proxy.url + "/health") as response:
         assert response.status == 502  # not a model request: forwarded, and the upstream is down
     proxy.stop()
-    (rec, _) = records(proxy.config)
+    (rec, _) = read_records(proxy)
     assert rec["status"] == 503 and "not ready" in rec["error"]
 
 
@@ -302,9 +292,5 @@ async def test_the_proxy_does_not_start_on_a_name_the_server_lacks(
         fake: tuple[Fake, str], tmp_path: Path) -> None:
     _, url = fake
     config = make_config(url, tmp_path, mode="fixed", adapters=[{"name": "x.gguf"}])
-    runner = web.AppRunner(create_app(config))
-    try:
-        with pytest.raises(LoraConfigError, match=r"'x.gguf' is not loaded .* it has id 0"):
-            await runner.setup()
-    finally:
-        await runner.cleanup()  # what proxy.app.start must do too when setup fails
+    with pytest.raises(LoraConfigError, match=r"'x.gguf' is not loaded .* it has id 0"):
+        await start(config)  # which cleans up what it began

@@ -4,8 +4,7 @@ requests, in-flight gauges by phase, and a scrape that never reaches the upstrea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -13,10 +12,12 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import MAX_PURPOSES, Purposes, decode_rate, server_queue_wait_ms
+from proxy.ops.metrics import MAX_PURPOSES, Purposes, decode_rate, server_queue_wait_ms
+from proxy.record.schema import Record
 from proxy.runner import ProxyThread
+from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
-from tests.helpers import serve_app, start_proxy
+from tests.helpers import serve_app
 
 
 @pytest.fixture
@@ -37,10 +38,8 @@ async def upstream() -> AsyncIterator[tuple[str, list[str]]]:
 
 
 @pytest.fixture
-def proxy(upstream: tuple[str, list[str]], tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(upstream[0], tmp_path)
-    yield running
-    running.stop()
+def upstream_url(upstream: tuple[str, list[str]]) -> str:
+    return upstream[0]
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -135,33 +134,28 @@ async def test_a_running_stream_shows_its_first_token_and_gaps_before_it_ends(
 
 
 async def test_two_proxies_in_one_process_keep_their_own_registries(
-        upstream: tuple[str, list[str]], tmp_path: Path) -> None:
-    first = start_proxy(upstream[0], tmp_path / "a")
-    second = start_proxy(upstream[0], tmp_path / "b")
-    try:
-        async with aiohttp.ClientSession() as session:
-            await chat(session, first.url)
-            text_a, text_b = await scrape(session, first.url), await scrape(session, second.url)
-    finally:
-        first.stop()
-        second.stop()
+        upstream_url: str, start_proxy: StartProxy) -> None:
+    first, second = start_proxy(upstream_url), start_proxy(upstream_url)
+    async with aiohttp.ClientSession() as session:
+        await chat(session, first.url)
+        text_a, text_b = await scrape(session, first.url), await scrape(session, second.url)
     done = key("slotwise_requests_total", endpoint="chat", outcome="done", purpose="chat")
     assert samples(text_a)[done] == 1
     assert done not in samples(text_b)
 
 
 def test_server_queue_wait_for_streams_and_for_plain_answers() -> None:
-    assert server_queue_wait_ms({"stream": True, "queue_ms": 12.5}) == 12.5
-    assert server_queue_wait_ms({"stream": False, "prefill_wait_ms": 900.0,
-                                 "proxy_ms": 100.0}) == 800.0
-    assert server_queue_wait_ms({"stream": False, "prefill_wait_ms": None,
-                                 "proxy_ms": 1.0}) is None
+    assert server_queue_wait_ms(Record(id="r", stream=True, queue_ms=12.5)) == 12.5
+    assert server_queue_wait_ms(Record(id="r", stream=False, prefill_wait_ms=900.0,
+                                 proxy_ms=100.0)) == 800.0
+    assert server_queue_wait_ms(Record(id="r", stream=False, prefill_wait_ms=None,
+                                 proxy_ms=1.0)) is None
 
 
 def test_decode_rate_counts_gaps_over_the_decode() -> None:
-    assert decode_rate({"events": 11, "decode_ms": 500.0}) == 20.0
-    assert decode_rate({"events": 1, "decode_ms": 0.0}) is None
-    assert decode_rate({"events": 5, "decode_ms": 0.0}) is None
+    assert decode_rate(Record(id="r", events=11, decode_ms=500.0)) == 20.0
+    assert decode_rate(Record(id="r", events=1, decode_ms=0.0)) is None
+    assert decode_rate(Record(id="r", events=5, decode_ms=0.0)) is None
 
 
 def test_purposes_past_the_cap_count_as_other() -> None:

@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from proxy.lifecycle import Operations, reload_config
+from proxy.ops.lifecycle import Operations, reload_config
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
-from tests.helpers import read_records, serve_app, start_proxy
-from tests.served import GRACE_S, Served, records, serve, write_config
+from tests.helpers import read_records, serve_app
+from tests.served import GRACE_S, Served, serve, write_config
 
 
 @pytest.fixture
@@ -43,11 +43,13 @@ async def stream_chat(url: str, tokens: int, started: asyncio.Event | None = Non
 # --- reload, in process ---------------------------------------------------------------------
 
 @pytest.fixture
-def proxy(fake_url: str, tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(fake_url, tmp_path, prefill={"max_hold_s": 30},
-                          listen={"shutdown_grace_s": GRACE_S})
-    yield running
-    running.stop()
+def upstream_url(fake_url: str) -> str:
+    return fake_url
+
+
+@pytest.fixture
+def proxy_tables() -> dict[str, Any]:
+    return {"prefill": {"max_hold_s": 30}, "listen": {"shutdown_grace_s": GRACE_S}}
 
 
 async def reload_from(proxy: ProxyThread, path: Path) -> Any:
@@ -121,7 +123,7 @@ async def test_sigterm_lets_the_stream_finish_refuses_new_connections_and_exits_
     body = await running
     assert body.count(b'"content":"tok"') == 40 and body.endswith(b"data: [DONE]\n\n")
     assert await asyncio.to_thread(served.process.wait, 20) == 0
-    (rec,) = records(timing)
+    (rec,) = read_records(timing)
     assert rec["outcome"] == "done" and rec["events"] == 40
     assert "1 timing records written" in "".join(served.lines)
 
@@ -141,5 +143,5 @@ async def test_sigterm_cuts_what_outlives_the_grace_period_and_records_it(
     assert time.monotonic() - t0 < 5
     with pytest.raises(aiohttp.ClientPayloadError):
         await running
-    (rec,) = records(timing)
+    (rec,) = read_records(timing)
     assert rec["outcome"] == "shutdown" and 0 < rec["events"] < 400

@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 
 from proxy.testbed.server import LlamaServer
-from tests.served import SLOTWISE, Served, records, serve, write_config
+from tests.helpers import read_records
+from tests.served import SLOTWISE, Served, serve, write_config
 
 pytestmark = pytest.mark.real_server
 
@@ -69,7 +70,7 @@ async def test_a_reload_switches_the_lora_mode_for_the_next_request_not_the_runn
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 30) == 0
     # started first; the new request's `lora` differs, so it may wait for the stream to end
-    old, new = sorted(records(timing), key=lambda r: r["start"])
+    old, new = sorted(read_records(timing), key=lambda r: r["start"])
     assert (old["config_gen"], old["outcome"], old["events"]) == (1, "done", 1500)
     assert old["lora_rewritten"] is False and old["lora_out"] is None
     assert (new["config_gen"], new["outcome"]) == (2, "done")
@@ -104,7 +105,7 @@ async def test_refused_reloads_change_nothing_and_say_why(
     await chat(served.url, 3)
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 30) == 0
-    assert [r["config_gen"] for r in records(timing)] == [1, 2]
+    assert [r["config_gen"] for r in read_records(timing)] == [1, 2]
 
 
 def reload_cli(config: Path, url: str) -> subprocess.CompletedProcess[str]:
@@ -129,7 +130,7 @@ async def test_sigterm_during_a_stream_lets_it_finish_and_leaves_one_record_per_
     body = await running
     assert body.endswith(b"data: [DONE]\n\n")
     assert await asyncio.to_thread(served.process.wait, 30) == 0
-    recs = records(timing)
+    recs = read_records(timing)
     assert [r["outcome"] for r in recs] == ["done", "done"]
     assert recs[1]["events"] == 1500 and len({r["id"] for r in recs}) == 2
     assert "2 timing records written" in "".join(served.lines)

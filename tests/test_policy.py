@@ -14,26 +14,20 @@ import pytest
 from proxy.config import PrefillConfig
 from proxy.prefill import (
     Admit,
-    Arrived,
     CancelPiece,
-    ClientLeft,
     Decision,
     FeedPiece,
-    Finished,
-    FirstToken,
     Forward,
     Hold,
-    Phase,
-    PieceDone,
-    PieceFailed,
     PrefillPolicy,
-    PrefillStarted,
     Reject,
-    Tick,
 )
+from proxy.prefill.batch_cost import BatchCost, BatchCostModel
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.policy import SENT_GRACE_S
-from proxy.prefill.sizing import PrefillRate, next_upto, pause_s, piece_tokens
+from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.strategy import Strategy
+from proxy.record.flight import Phase
 
 COLD = 2000
 
@@ -41,9 +35,15 @@ COLD = 2000
 def policy(mode: str = "chunk", *, tps: float = 1000.0, n_batch: int = 2048,
            **over: Any) -> PrefillPolicy:
     cfg = dataclasses.replace(PrefillConfig(mode=mode, cold_tokens=COLD, max_hold_s=30.0,
-                                            max_stall_ms=256.0, prefill_share=0.5,
+                                            max_stall_ms=256.5, prefill_share=0.5,
                                             max_waiting=2), **over)
-    return PrefillPolicy(cfg, n_batch=n_batch, default_tps=tps)
+    return PrefillPolicy(cfg, n_batch=n_batch, cost=rate_model(tps))
+
+
+def rate_model(tps: float) -> BatchCostModel:
+    """A batch cost with (next to) no fixed part: `tps` prompt tokens a second at any prefix."""
+    return BatchCostModel(BatchCost(fixed_ms=0.001, per_token_ms=1000.0 / tps,
+                                    per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
 
 
 def busy(p: PrefillPolicy, req_id: str = "s", now: float = 0.0) -> None:
@@ -91,11 +91,11 @@ class TestRule3NobodyGenerating:
         p = policy(mode)
         assert p.on_arrival("c", 20_000, 20_000, 0.0) == [Admit("c", "cold, nobody generating")]
 
-    @pytest.mark.parametrize("phase", ["sent", "prefilling", "decoding"])
+    @pytest.mark.parametrize("phase", ["queued", "prefilling", "decoding"])
     def test_every_phase_counts_as_generating(self, phase: str) -> None:
         p = policy("defer")
         p.on_arrival("s", 10, 10, 0.0)
-        if phase != "sent":
+        if phase != "queued":
             p.on_prefill_started("s", 0.0)
         if phase == "decoding":
             p.on_first_token("s", 0.0)
@@ -150,7 +150,7 @@ class TestRule5Defer:
         assert p.on_arrival("c", 5000, 5000, 1.0) == [Hold("c", "others generating")]
         assert p.on_finished("s1", 2.0) == []
         assert p.on_finished("s2", 3.0) == [Admit("c", "held until others finished")]
-        assert p.snapshot().in_flight == (("c", Phase.SENT),)
+        assert p.snapshot().in_flight == (("c", Phase.QUEUED),)
 
     def test_released_by_tick_after_max_hold(self) -> None:
         p = policy("defer", max_hold_s=10.0)
@@ -211,7 +211,7 @@ class TestRule6Chunk:
         # 2600 - 2560 = 40 left: no more pieces, the real request goes.
         assert p.on_piece_done("c", 256, 256.0, now + 0.256) == [
             Forward("c", "rest fits one piece after 10 pieces (2560 tokens fed)")]
-        assert ("c", Phase.SENT) in p.snapshot().in_flight
+        assert ("c", Phase.QUEUED) in p.snapshot().in_flight
 
     def test_pieces_follow_a_changed_rate(self) -> None:
         p = policy(tps=1000.0)
@@ -278,40 +278,64 @@ class TestRule8ShortRequestsBetweenPieces:
         assert p.on_first_token("x", 0.6) == [FeedPiece("c", 512)]
 
 
-class TestRule9RateLearning:
-    def test_starts_at_default(self) -> None:
-        assert policy(tps=700.0).snapshot().prefill_tps == 700.0
+class TestRule9CostLearning:
+    def test_starts_at_the_prior(self) -> None:
+        snap = policy(tps=700.0).snapshot()
+        assert snap.cost.source == "prior" and snap.cost.samples == 0
+        assert snap.cost.cost.per_token_ms == pytest.approx(1000.0 / 700.0)
 
-    def test_learns_from_pieces(self) -> None:
+    def test_learns_from_pieces_at_their_prefix(self) -> None:
         p = policy(tps=1000.0)
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
-        p.on_piece_done("c", 256, 100.0, 0.1)
+        p.on_piece_done("c", 256, 100.0, 0.1)  # 2,560 tok/s: the next piece is 640 tokens
         snap = p.snapshot()
-        assert snap.prefill_tps == pytest.approx(2560.0)
-        assert snap.rate_samples == 1
-        assert snap.piece_tokens == 640
+        assert snap.cost.samples == 1
+        assert snap.cost.cost.batch_ms(256, 0) == pytest.approx(100.0, rel=0.05)
+        assert p.on_tick(1.0) == [FeedPiece("c", 256 + 640)]
 
-    def test_learns_from_finished_requests_of_256_tokens_or_more(self) -> None:
+    def test_learns_from_finished_prefills_of_16_tokens_or_more(self) -> None:
         p = policy(tps=1000.0)
         busy(p)
-        p.on_finished("s", 1.0, prompt_n=100, prompt_ms=1.0)
-        assert p.snapshot().rate_samples == 0
-        p.on_finished("t", 1.0, prompt_n=3000, prompt_ms=1000.0)
-        assert p.snapshot().prefill_tps == pytest.approx(3000.0)
+        p.on_finished("s", 1.0, prompt_n=10, prompt_ms=1.0)
+        assert p.snapshot().cost.samples == 0
+        p.on_finished("t", 1.0, prompt_n=3000, prompt_ms=1000.0, cache_n=500)
+        assert p.snapshot().cost.samples == 1
+        assert p.snapshot().cost.cost.prompt_ms(3000, 500, 2048) == pytest.approx(1000.0, rel=0.05)
 
-    def test_later_samples_move_a_weighted_mean(self) -> None:
-        rate = PrefillRate(500.0, alpha=0.5)
-        rate.observe(1000, 1000.0)
-        rate.observe(3000, 1000.0)
-        assert rate.tps == pytest.approx(2000.0)
-        rate.observe(0, 10.0)
-        rate.observe(10, 0.0)
-        assert rate.samples == 2
+    def test_a_heavy_fixed_part_makes_larger_pieces(self) -> None:
+        """A busy machine: every batch costs 1.5 s whatever its size. 64-token pieces would make the
+        cold request ~20x slower for nothing; the strategy takes pieces that amortise it."""
+        busy_machine = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
+                                                per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=160.0),
+                          cost=busy_machine)
+        busy(p)
+        _, feed = p.on_arrival("c", 8000, 8000, 0.0)
+        assert isinstance(feed, FeedPiece) and feed.upto_tokens >= 1024
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.LARGER_PIECES
+        assert "amortise the fixed part" in choice.reason
 
-    def test_piece_size_and_pause_arithmetic(self) -> None:
-        assert piece_tokens(3000.0, 250.0, 2048) == 704
-        assert piece_tokens(1e9, 250.0, 2048) == 2048
+    def test_when_no_piece_helps_it_holds_then_forwards_whole(self) -> None:
+        """The rest fits one batch: any cut adds a 1.5 s batch, and each piece stalls the streams as
+        long as the whole would. Hold like defer, at most 3x its time alone, then send it whole."""
+        slow = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
+                                        per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=1000, max_stall_ms=160.0,
+                                        max_hold_s=5.0), cost=slow)
+        busy(p)
+        assert p.on_arrival("c", 1500, 1500, 0.0) == [Hold("c", "others generating")]
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.HOLD
+        until = p.next_wakeup()
+        assert until is not None and 0.0 < until <= 5.0
+        assert p.on_tick(until - 0.01) == []
+        [admit] = p.on_tick(until)
+        assert isinstance(admit, Admit)
+        assert admit.reason.startswith("cold, held as the batch cost chose; hold: ")
+
+    def test_piece_end_arithmetic(self) -> None:
         assert pause_s(0.4, 0.5) == pytest.approx(0.4)
         assert pause_s(0.4, 0.8) == pytest.approx(0.1)
 
@@ -389,17 +413,17 @@ class TestRule12NextInLine:
 
 
 class TestEventsAndSnapshot:
-    def test_handle_dispatches_event_values(self) -> None:
+    def test_a_whole_life_through_the_on_methods(self) -> None:
         p = policy("defer")
-        assert p.handle(Arrived("s", 10, 10, 0.0)) == [Admit("s", "not cold")]
-        assert p.handle(PrefillStarted("s", 0.1)) == []
-        assert p.handle(FirstToken("s", 0.2)) == []
-        assert p.handle(Arrived("c", 5000, 5000, 0.3)) == [Hold("c", "others generating")]
-        assert p.handle(Tick(1.0)) == []
-        assert p.handle(PieceDone("c", 1, 1.0, 1.0)) == []
-        assert p.handle(PieceFailed("zz", "x", 1.0)) == []
-        assert p.handle(Finished("s", 2.0, 10, 5.0)) == [Admit("c", "held until others finished")]
-        assert p.handle(ClientLeft("c", 3.0)) == []
+        assert p.on_arrival("s", 10, 10, 0.0) == [Admit("s", "not cold")]
+        assert p.on_prefill_started("s", 0.1) == []
+        assert p.on_first_token("s", 0.2) == []
+        assert p.on_arrival("c", 5000, 5000, 0.3) == [Hold("c", "others generating")]
+        assert p.on_tick(1.0) == []
+        assert p.on_piece_done("c", 1, 1.0, 1.0) == []
+        assert p.on_piece_failed("zz", "x", 1.0) == []
+        assert p.on_finished("s", 2.0, 10, 5.0) == [Admit("c", "held until others finished")]
+        assert p.on_client_left("c", 3.0) == []
         assert p.snapshot().in_flight == ()
 
     def test_snapshot_of_chunking(self) -> None:

@@ -22,17 +22,20 @@ import pytest
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.words import WORDS as SHARED_WORDS
+from proxy.testbed.words import filler
+from tests.conftest import StartProxy
 from tests.helpers import http as call
-from tests.helpers import read_records, start_proxy
+from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
 
-WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter")
+WORDS = SHARED_WORDS[:8]  # the sizes these tests were tuned with
 
 
 def history(words: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
-    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    text = filler(rng, words, WORDS)
     return [{"role": "system", "content": f"seed {seed}"}, {"role": "user", "content": text}]
 
 
@@ -85,31 +88,31 @@ def prefill(mode: str, **over: Any) -> dict[str, Any]:
     return {"prefill": {"mode": mode, "cold_tokens": 1000, **over}}
 
 
-def test_chunked_prompt_finds_itself_cached(server: LlamaServer, tmp_path: Path) -> None:
-    # Small pieces: the rest forwarded with the real request is at most one piece (< 10 %).
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
-                                                         prefill_share=0.9))
+def test_chunked_prompt_finds_itself_cached(server: LlamaServer,
+                                             start_proxy: StartProxy) -> None:
+    # Small pieces (max_stall_ms 30), so the prompt is fed in several.
+    proxy = start_proxy(server.url, **prefill("chunk", max_stall_ms=30.0, prefill_share=0.9))
+    stream = Stream(proxy.url)
     try:
-        stream = Stream(proxy.url)
-        try:
-            reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(1))
-        finally:
-            stream.close()
-        assert reply.status_code == 200
+        reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(1))
     finally:
-        proxy.stop()
+        stream.close()
+    assert reply.status_code == 200
+    proxy.stop()  # every record written
     cold = next(r for r in read_records(proxy) if not r["stream"])
     timings = cold["timings"]
     total = timings["prompt_n"] + timings["cache_n"]
     assert cold["prefill_plan"] == "chunked" and cold["pieces"] >= 2, cold
     assert cold["est_prompt_tokens"] == total
-    assert timings["cache_n"] / total >= 0.9, timings
+    # Every token a piece computed is found cached. (Near the end the batch cost may send the
+    # rest whole rather than in pieces that no longer pay for their fixed part.)
+    assert timings["cache_n"] >= cold["fed_tokens"] >= 0.5 * total, (timings, cold["policy_note"])
     # The pieces are prefill work too: the stream's record sees the whole cold prompt overlap it,
     # and the cold record counts what its pieces computed.
     assert cold["fed_tokens"] + timings["prompt_n"] >= 0.9 * total
     streamed = next(r for r in read_records(proxy) if r["stream"])
     (overlap,) = [o for o in streamed["overlaps"] if o["id"] == cold["id"]]
-    assert overlap["new_tokens"] == cold["fed_tokens"] + timings["prompt_n"]
+    assert overlap["computed_tokens"] == cold["fed_tokens"] + timings["prompt_n"]
     assert overlap["decode_events"] > 0 and overlap["to_ms"] > overlap["from_ms"]
 
 
@@ -117,7 +120,7 @@ def anthropic_cold_body(seed: int, words: int = 700) -> dict[str, Any]:
     """A /v1/messages body as Claude-style clients send it: system blocks, a tool, a tool call
     and its result, then a long new user turn."""
     rng = random.Random(seed)
-    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    text = filler(rng, words, WORDS)
     return {"model": "m", "max_tokens": 2, "system": [{"type": "text", "text": f"seed {seed}"}],
             "tools": [{"name": "lookup", "description": "Look a word up.",
                        "input_schema": {"type": "object",
@@ -133,21 +136,18 @@ def anthropic_cold_body(seed: int, words: int = 700) -> dict[str, Any]:
                     {"type": "text", "text": text}]}]}
 
 
-def cold_while_streaming(server: LlamaServer, tmp_path: Path, path: str,
+def cold_while_streaming(server: LlamaServer, start_proxy: StartProxy, path: str,
                          body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Send `body` to `path` through a chunk-mode proxy while a stream generates: (the server's
     answer, the request's record)."""
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=30.0,
-                                                         prefill_share=0.9))
+    proxy = start_proxy(server.url, **prefill("chunk", max_stall_ms=30.0, prefill_share=0.9))
+    stream = Stream(proxy.url)
     try:
-        stream = Stream(proxy.url)
-        try:
-            reply = call("POST", proxy.url + path, body)
-        finally:
-            stream.close()
-        assert reply.status_code == 200, reply.text
+        reply = call("POST", proxy.url + path, body)
     finally:
-        proxy.stop()
+        stream.close()
+    assert reply.status_code == 200, reply.text
+    proxy.stop()  # every record written
     record = next(r for r in read_records(proxy) if r["endpoint"] == path)
     assert record["prefill_plan"] == "chunked" and record["pieces"] >= 2, record
     answer: dict[str, Any] = reply.json()
@@ -155,36 +155,36 @@ def cold_while_streaming(server: LlamaServer, tmp_path: Path, path: str,
 
 
 def test_a_cold_anthropic_message_is_fed_in_pieces_and_finds_itself_cached(
-        server: LlamaServer, tmp_path: Path) -> None:
-    answer, cold = cold_while_streaming(server, tmp_path, "/v1/messages", anthropic_cold_body(2))
+        server: LlamaServer, start_proxy: StartProxy) -> None:
+    answer, cold = cold_while_streaming(server, start_proxy, "/v1/messages",
+                                        anthropic_cold_body(2))
     usage = answer["usage"]
     total = usage["input_tokens"] + usage["cache_read_input_tokens"]
     assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == total
-    assert usage["cache_read_input_tokens"] / total >= 0.9, usage
+    assert usage["cache_read_input_tokens"] >= cold["fed_tokens"] >= 0.5 * total, usage
 
 
 def test_a_cold_responses_request_is_fed_in_pieces_and_finds_itself_cached(
-        server: LlamaServer, tmp_path: Path) -> None:
+        server: LlamaServer, start_proxy: StartProxy) -> None:
     rng = random.Random(3)
-    text = " ".join(rng.choice(WORDS) for _ in range(700))
+    text = filler(rng, 700, WORDS)
     body = {"model": "m", "max_output_tokens": 2, "instructions": "seed 3",
             "input": [{"role": "user", "content": "Summarize:"},
                       {"type": "message", "role": "assistant",
                        "content": [{"type": "output_text", "text": "Send it."}]},
                       {"role": "user", "content": [{"type": "input_text", "text": text}]}]}
-    answer, cold = cold_while_streaming(server, tmp_path, "/v1/responses", body)
+    answer, cold = cold_while_streaming(server, start_proxy, "/v1/responses", body)
     usage = answer["usage"]
     assert cold["est_prompt_tokens"] == cold["prompt_tokens"] == usage["input_tokens"]
-    assert usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"] >= 0.9, usage
+    cached = usage["input_tokens_details"]["cached_tokens"]
+    assert cached >= cold["fed_tokens"] >= 0.5 * usage["input_tokens"], usage
 
 
 def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
-                                                           tmp_path: Path) -> None:
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk"))
-    try:
-        assert call("POST", proxy.url + "/v1/chat/completions", cold_body(2)).status_code == 200
-    finally:
-        proxy.stop()
+                                                           start_proxy: StartProxy) -> None:
+    proxy = start_proxy(server.url, **prefill("chunk"))
+    assert call("POST", proxy.url + "/v1/chat/completions", cold_body(2)).status_code == 200
+    proxy.stop()  # every record written
     (rec,) = read_records(proxy)
     assert rec["prefill_plan"] == "none" and rec["held_ms"] == 0.0 and rec["pieces"] == 0
     assert rec["est_new_tokens"] >= 1000 and rec["policy_note"] == "cold, nobody generating"
@@ -196,47 +196,43 @@ def _tasks(log: Path) -> int:
     return log.read_text(errors="replace").count("processing task")
 
 
-def test_held_request_whose_client_leaves_never_reaches_the_server(server: LlamaServer,
-                                                                     tmp_path: Path) -> None:
-    proxy = start_proxy(server.url, tmp_path, **prefill("defer", max_hold_s=60.0))
-    try:
-        stream = Stream(proxy.url)
-        before = _tasks(server.log_path)
+def test_held_request_whose_client_leaves_never_reaches_the_server(
+        server: LlamaServer, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(server.url, **prefill("defer", max_hold_s=60.0))
+    stream = Stream(proxy.url)
+    before = _tasks(server.log_path)
 
-        async def leave() -> None:
-            async with aiohttp.ClientSession() as session:
-                with pytest.raises(TimeoutError):
-                    await session.post(proxy.url + "/v1/chat/completions", json=cold_body(3),
-                                       timeout=aiohttp.ClientTimeout(total=1.0))
+    async def leave() -> None:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(TimeoutError):
+                await session.post(proxy.url + "/v1/chat/completions", json=cold_body(3),
+                                   timeout=aiohttp.ClientTimeout(total=1.0))
 
-        asyncio.run(leave())
-        time.sleep(0.5)
-        stream.close()
-        time.sleep(0.3)
-        assert _tasks(server.log_path) == before  # the cold request never became a task
-    finally:
-        proxy.stop()
+    asyncio.run(leave())
+    time.sleep(0.5)
+    stream.close()
+    time.sleep(0.3)
+    assert _tasks(server.log_path) == before  # the cold request never became a task
+    proxy.stop()  # every record written
     cold = next(r for r in read_records(proxy) if not r["stream"])
     assert cold["est_new_tokens"] >= 1000
     assert cold["outcome"] == "client_gone" and cold["prefill_plan"] == "held", cold
     assert cold["held_ms"] >= 500
 
 
-def test_failed_piece_fails_open(server: LlamaServer, tmp_path: Path) -> None:
-    proxy = start_proxy(server.url, tmp_path, **prefill("chunk", max_stall_ms=40.0))
+def test_failed_piece_fails_open(server: LlamaServer, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(server.url, **prefill("chunk", max_stall_ms=40.0))
     gate = proxy.state.gate
     assert isinstance(gate, PrefillGate)
     # Pieces go to a port nobody listens on; the real request still goes to the server.
-    gate._feeder = PieceFeeder(proxy.state.session, lambda: "http://127.0.0.1:9")
+    gate._feeder = PieceFeeder(proxy.state.upstream.aimed_at("http://127.0.0.1:9", {}))
+    stream = Stream(proxy.url)
     try:
-        stream = Stream(proxy.url)
-        try:
-            reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(4))
-        finally:
-            stream.close()
-        assert reply.status_code == 200 and reply.json()["choices"]
+        reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(4))
     finally:
-        proxy.stop()
+        stream.close()
+    assert reply.status_code == 200 and reply.json()["choices"]
+    proxy.stop()  # every record written
     cold = next(r for r in read_records(proxy) if not r["stream"])
     assert cold["outcome"] == "done" and cold["pieces"] == 0
     assert cold["policy_note"].startswith("piece failed, forwarded as it came"), cold

@@ -18,7 +18,8 @@ import pytest
 
 from proxy.runner import ProxyThread
 from proxy.testbed.server import LlamaServer
-from tests.helpers import http, read_records, start_proxy
+from tests.conftest import StartLlamaServer, StartProxy
+from tests.helpers import http, read_records
 
 pytestmark = pytest.mark.real_server
 
@@ -38,12 +39,8 @@ def server(llama_server_binary: Path, tiny_model: Any, tmp_path_factory: pytest.
 
 
 @pytest.fixture
-def proxy(server: LlamaServer, tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(server.url, tmp_path)
-    try:
-        yield running
-    finally:
-        running.stop()
+def upstream_url(server: LlamaServer) -> str:
+    return server.url
 
 
 def clients(server: LlamaServer, proxy: ProxyThread) -> tuple[openai.OpenAI, openai.OpenAI]:
@@ -219,21 +216,17 @@ def wait_until_decoding(proxy: ProxyThread, events: int, timeout: float = 60.0) 
 
 
 def test_queue_wait_covers_the_time_the_other_request_still_ran(
-        llama_server_binary: Path, tiny_model: Any, tmp_path: Path) -> None:
-    with LlamaServer(tiny_model.model, lora=None, args=["-np", "1", "-c", "4096"],
-                     binary=llama_server_binary, log_path=tmp_path / "np1.log") as one_slot:
-        proxy = start_proxy(one_slot.url, tmp_path)
-        try:
-            long_body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG_TOKENS,
-                         "temperature": 0, "ignore_eos": True}
-            first: dict[str, Any] = {}
-            thread = stream_in_thread(proxy.url, long_body, first)
-            wait_until_decoding(proxy, events=20)
-            second = raw_events(proxy.url, "/v1/chat/completions",
-                                {"messages": MESSAGES, "stream": True, "max_tokens": 8})
-            thread.join()
-        finally:
-            proxy.stop()
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy) -> None:
+    one_slot = start_llama_server(lora=False, args=["-np", "1", "-c", "4096"])
+    proxy = start_proxy(one_slot.url)
+    long_body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG_TOKENS,
+                 "temperature": 0, "ignore_eos": True}
+    first: dict[str, Any] = {}
+    thread = stream_in_thread(proxy.url, long_body, first)
+    wait_until_decoding(proxy, events=20)
+    second = raw_events(proxy.url, "/v1/chat/completions",
+                        {"messages": MESSAGES, "stream": True, "max_tokens": 8})
+    thread.join()
     assert second and first["events"]
     recs = {r["events"]: r for r in read_records(proxy, 2)}
     long_rec, short_rec = recs[max(recs)], recs[min(recs)]
@@ -306,6 +299,6 @@ def test_a_non_streamed_prefill_shows_in_the_records_of_streams_it_overlapped(
     plain = next(r for r in recs if not r["stream"])
     streamed = next(r for r in recs if r["stream"])
     (seen,) = [o for o in streamed["overlaps"] if o["id"] == plain["id"]]
-    assert seen["new_tokens"] == plain["timings"]["prompt_n"] > 500
+    assert seen["computed_tokens"] == plain["timings"]["prompt_n"] > 500
     prefill_s = plain["timings"]["prompt_ms"] / 1000.0
     assert abs((seen["to_ms"] - seen["from_ms"]) / 1000.0 - prefill_s) < 0.05 + 0.2 * prefill_s

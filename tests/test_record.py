@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from proxy.endpoints import Kind
-from proxy.inflight import Flight, Phase, Registry
-from proxy.record import overlaps
-from proxy.timing import RequestTimer
+from proxy.record.flight import Flight, Phase
+from proxy.record.inflight import Registry
+from proxy.record.schema import Overlap, overlaps
+from tests.helpers import make_flight
 
 
 def flight(name: str, now: float) -> Flight:
-    return Flight(id=name, kind=Kind.CHAT, stream=True, timer=RequestTimer(arrived=now))
+    return make_flight(name, now)
 
 
 def test_a_prefill_that_starts_later_is_seen_with_the_decode_inside_it() -> None:
@@ -20,13 +20,13 @@ def test_a_prefill_that_starts_later_is_seen_with_the_decode_inside_it() -> None
         stream.timer.on_token(t)
     registry.add(cold, 1.0)
     registry.move(cold, Phase.PREFILLING, 2.0)
-    cold.new_tokens = 3000
+    cold.computed_tokens = 3000
     registry.move(cold, Phase.DECODING, 4.0)
     stream.timer.on_end(5.0)
     (seen,) = overlaps(stream)
-    assert seen == {"id": "cold", "new_tokens": 3000, "from_ms": 2000.0, "to_ms": 4000.0,
-                    "decode_events": 2, "decode_ms": 2000.0}
-    assert overlaps(cold) == []  # nobody prefilled during the cold one's life
+    assert seen == Overlap(id="cold", computed_tokens=3000, from_ms=2000.0, to_ms=4000.0,
+                           decode_events=2, decode_ms=2000.0)
+    assert overlaps(cold) == ()  # nobody prefilled during the cold one's life
 
 
 def test_pieces_fed_ahead_start_the_prefill_and_count_in_its_tokens() -> None:
@@ -36,16 +36,16 @@ def test_pieces_fed_ahead_start_the_prefill_and_count_in_its_tokens() -> None:
     registry.add(cold, 0.0)
     registry.move(cold, Phase.HELD, 0.0)
     registry.start_prefill(cold, 1.0)  # the first piece
-    cold.fed_tokens = 2900
+    cold.prefill.fed_tokens = 2900
     registry.move(cold, Phase.QUEUED, 5.0)
     registry.move(cold, Phase.PREFILLING, 5.1)  # the real request: its start stays the first piece's
-    cold.new_tokens = 100
+    cold.computed_tokens = 100
     registry.move(cold, Phase.DECODING, 5.5)
     stream.timer.on_token(0.5)
     stream.timer.on_token(6.0)
     stream.timer.on_end(6.0)
     (seen,) = overlaps(stream)
-    assert (seen["new_tokens"], seen["from_ms"], seen["to_ms"]) == (3000, 1000.0, 5500.0)
+    assert (seen.computed_tokens, seen.from_ms, seen.to_ms) == (3000, 1000.0, 5500.0)
     assert len(stream.prefill_peers) == 1  # seen once, not once per start
 
 
@@ -59,7 +59,7 @@ def test_a_prefill_cut_short_ends_when_its_request_ends() -> None:
     registry.finish(cold, 2.0)  # its client left during the pieces
     stream.timer.on_end(10.0)
     (seen,) = overlaps(stream)
-    assert (seen["from_ms"], seen["to_ms"]) == (1000.0, 2000.0)
+    assert (seen.from_ms, seen.to_ms) == (1000.0, 2000.0)
 
 
 def test_a_request_arriving_between_pieces_sees_the_prefill_fed_ahead() -> None:
@@ -69,10 +69,10 @@ def test_a_request_arriving_between_pieces_sees_the_prefill_fed_ahead() -> None:
     registry.add(cold, 0.0)
     registry.move(cold, Phase.HELD, 0.0)
     registry.start_prefill(cold, 1.0)  # the first piece; the cold request stays held
-    cold.fed_tokens = 1000
+    cold.prefill.fed_tokens = 1000
     registry.add(short, 2.0)  # a short turn arrives while the pieces go on
     short.timer.on_token(2.3)
     registry.finish(short, 2.4)
     short.timer.on_end(2.4)
     (seen,) = overlaps(short)
-    assert (seen["id"], seen["from_ms"], seen["to_ms"]) == ("cold", 0.0, 400.0)
+    assert (seen.id, seen.from_ms, seen.to_ms) == ("cold", 0.0, 400.0)

@@ -129,7 +129,7 @@ def test_time_split_without_any_rate_to_use_says_so() -> None:
 def test_decode_rate_inside_long_prefills_versus_the_rest() -> None:
     overlap = {
         "id": "x",
-        "new_tokens": 20000,
+        "computed_tokens": 20000,
         "from_ms": 1000,
         "to_ms": 6000,
         "decode_events": 2,
@@ -137,7 +137,7 @@ def test_decode_rate_inside_long_prefills_versus_the_rest() -> None:
     }
     small = {
         "id": "y",
-        "new_tokens": 300,
+        "computed_tokens": 300,
         "from_ms": 7000,
         "to_ms": 7100,
         "decode_events": 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sse import SseEvent, SseParser
+from proxy.request.sse import SseEvent, SseParser
 
 STREAM = (
     b'data: {"content":"a"}\n\n'

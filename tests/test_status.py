@@ -9,21 +9,18 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.endpoints import Kind
-from proxy.inflight import Flight, Phase
+from proxy.ops.status import current_rate, prefill_progress, slot_summary
+from proxy.record.flight import Phase
 from proxy.runner import ProxyThread
-from proxy.status import current_rate, prefill_progress, slot_summary
-from proxy.timing import RequestTimer
 from tests.fake_upstream import chat
-from tests.helpers import serve_app, start_proxy
+from tests.helpers import make_flight, serve_app
 
 SLOTS = [
     {"id": 0, "is_processing": True, "n_prompt_tokens": 120, "id_task": 7,
@@ -51,10 +48,8 @@ async def upstream() -> AsyncIterator[tuple[str, list[str]]]:
 
 
 @pytest.fixture
-def proxy(upstream: tuple[str, list[str]], tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(upstream[0], tmp_path)
-    yield running
-    running.stop()
+def upstream_url(upstream: tuple[str, list[str]]) -> str:
+    return upstream[0]
 
 
 async def slow_stream(url: str, tokens: int, started: asyncio.Event) -> None:
@@ -132,9 +127,8 @@ def test_current_rate_counts_the_last_three_seconds() -> None:
 
 
 def test_prefill_progress_counts_only_the_tokens_to_compute() -> None:
-    flight = Flight(id="r", kind=Kind.CHAT, stream=True, timer=RequestTimer(arrived=0.0),
-                    phase=Phase.PREFILLING, prompt_tokens=5000, new_tokens=4000,
-                    prefill_done_tokens=3000, prefill_start=1.0)
+    flight = make_flight("r", 0.0, phase=Phase.PREFILLING, prompt_tokens=5000,
+                         computed_tokens=4000, prefill_done_tokens=3000, prefill_start=1.0)
     assert prefill_progress(flight, 3.0) == {"new_tokens": 4000, "prompt_tokens": 5000,
                                              "processed": 3000, "fraction": 0.5,
                                              "elapsed_s": 2.0}

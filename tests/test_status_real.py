@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.runner import ProxyThread
 from proxy.testbed.server import LlamaServer
-from tests.helpers import start_proxy
 from tests.test_status import browse, chromium, get_status
 
 pytestmark = pytest.mark.real_server
@@ -32,10 +31,8 @@ def server(llama_server_binary: Path, tiny_model: Any, tmp_path: Path) -> Iterat
 
 
 @pytest.fixture
-def proxy(server: LlamaServer, tmp_path: Path) -> Iterator[ProxyThread]:
-    running = start_proxy(server.url, tmp_path)
-    yield running
-    running.stop()
+def upstream_url(server: LlamaServer) -> str:
+    return server.url
 
 
 async def long_prompt(server: LlamaServer, tokens: int) -> str:

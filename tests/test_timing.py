@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.timing import RequestTimer, gap_figures, percentile, worst_window_rate
+from proxy.record.timing import RequestTimer, gap_figures, percentile, worst_window_rate
 
 
 def test_percentile_is_nearest_rank() -> None:

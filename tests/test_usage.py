@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.endpoints import Kind
-from proxy.usage import prompt_counts
+from proxy.request.endpoints import Kind
+from proxy.request.usage import prompt_counts
 
 
 @pytest.mark.parametrize(("kind", "obj", "expected"), [

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
+
+from proxy.bench.contention_cli import add_contention
+from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.pieces_cli import add_pieces
+
+if TYPE_CHECKING:
+    from proxy.bench.overhead import OverheadFigures
 
 
 def register(subparsers: Any) -> None:
@@ -25,26 +31,8 @@ def register(subparsers: Any) -> None:
                           help="tokens per stream for the relay rate (default 1500)")
     overhead.add_argument("--json", action="store_true", help="also print the figures as JSON")
     overhead.set_defaults(handler=run_overhead)
-    from proxy.bench.pieces_cli import add_pieces
-
     add_pieces(commands)
-    try:
-        from proxy.bench.contention_cli import add_contention
-    except ModuleNotFoundError as exc:
-        if exc.name != "proxy.bench.contention_cli":
-            raise
-    else:
-        add_contention(commands)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
+    add_contention(commands)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -58,9 +46,15 @@ def run_overhead(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     console.print("[dim]starting llama-server (testbed tiny model) and slotwise …[/dim]")
     figures = run(pairs=args.pairs, streams=args.streams, tokens=args.tokens)
-    table = Table(title="slotwise overhead (testbed tiny model, one run)")
-    for column in ("figure", "direct", "via slotwise", "difference"):
-        table.add_column(column, justify="right" if column != "figure" else "left")
+    return show(overhead_table(figures), figures.as_dict(), as_json=args.json)
+
+
+def overhead_table(figures: OverheadFigures) -> Table:
+    table = figures_table("slotwise overhead (testbed tiny model, one run)")
+    table.add_column("figure")
+    table.add_column("direct", justify="right")
+    table.add_column("via slotwise", justify="right")
+    table.add_column("difference")
     table.add_row("time to first token, median", f"{figures.ttft_direct_ms:.2f} ms",
                   f"{figures.ttft_proxy_ms:.2f} ms",
                   f"+{figures.ttft_added_ms:.2f} ms (aim < 2 ms)")
@@ -71,13 +65,4 @@ def run_overhead(args: argparse.Namespace) -> int:
                   f"{figures.events_per_cpu_s:,.0f}",
                   f"{figures.events_relayed:,} events in {figures.proxy_cpu_s:.2f} s CPU "
                   "(aim ≥ 5,000)")
-    return show(table, figures.as_dict(), as_json=args.json)
-
-
-def show(table: Table, figures: dict[str, Any], *, as_json: bool) -> int:
-    """Print a benchmark's table, and its figures as JSON if asked; the command's exit status."""
-    Console().print(table)
-    if as_json:
-        print(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
-    return 0
-
+    return table

@@ -20,9 +20,8 @@ import aiohttp
 from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.words import filler
 
-WORDS = ("river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
-         "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard")
 SERVER_ARGS = ("-np", "5", "-c", "40960", "--no-cache-idle-slots")
 """The set-up docs/prefill.md recommends: slots with their own KV (explicit -np), one more than the
 streams plus the cold prompt's slot, idle slots not copied to RAM after every task launch."""
@@ -79,7 +78,7 @@ def history(words: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     turns = [{"role": "system", "content": f"Session {seed}: {rng.random()}"}]
     for i in range(max(2, words // 60)):
-        text = " ".join(rng.choice(WORDS) for _ in range(60))
+        text = filler(rng, 60)
         turns.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
     turns.append({"role": "user", "content": "So, where were we?"})
     return turns

@@ -13,7 +13,6 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.cli import positive_int
 from proxy.bench.contention import (
     PATHS,
     SERVER_ARGS,
@@ -26,6 +25,7 @@ from proxy.bench.contention import (
     stream_rate,
 )
 from proxy.bench.harness import temp_dir
+from proxy.bench.output import figures_table, positive_int, print_table
 
 PREFILL = {"cold_tokens": 1000}
 """The slotwise runs use the shipped defaults except a cold threshold below the cold prompt."""
@@ -136,7 +136,7 @@ def _cell(fmt: str, key: str, fig: dict[str, Any]) -> str:
 
 
 def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline]) -> Table:
-    table = Table(title="a cold prompt among three generating streams (testbed small model)")
+    table = figures_table("a cold prompt among three generating streams (testbed small model)")
     table.add_column("figure")
     for path in results:
         table.add_column(path, justify="right")
@@ -152,8 +152,8 @@ def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline]) -> Ta
 
 def estimate_table(results: dict[str, dict[str, Any]]) -> Table:
     """The cold request of each slotwise path row by row; the other requests summed up."""
-    table = Table(title="estimate before forwarding vs the server's timings (slotwise records)")
-    for column in ("path", "requests", "plan", "est prompt", "est new", "prompt_n", "cache_n",
+    table = figures_table("estimate before forwarding vs the server's timings (slotwise records)")
+    for column in ("path", "reqs", "plan", "est prompt", "est new", "server new", "server cached",
                    "pieces", "held ms", "error of est new", "note"):
         table.add_column(column, justify="left" if column in ("path", "plan", "note") else "right")
     for path, fig in results.items():
@@ -185,7 +185,6 @@ def est_error(e: dict[str, Any]) -> float | None:
 
 def run_contention(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    out = Console(width=max(Console().width, 120))
     sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words,
                   shorts=args.shorts, arrivals=args.arrivals)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -199,13 +198,13 @@ def run_contention(args: argparse.Namespace) -> int:
                               log=lambda line: console.print(f"[dim]{line}[/dim]"))
         results = {path: figures(run, bases["b512" if "512" in path else "default"])
                    for path, run in runs.items()}
-        out.print(render(results, bases))
-        out.print(estimate_table(results))
+        print_table(render(results, bases))
+        print_table(estimate_table(results))
         console.print(f"[dim]logs and timing records in {work}[/dim]")
         every.append({"results": results,
                       "baselines": {k: v.__dict__ for k, v in bases.items()}})
     if args.repeat > 1:
-        out.print(ranges_table([run["results"] for run in every]))
+        print_table(ranges_table([run["results"] for run in every]))
     if args.json:
         print(orjson.dumps(every[0] if args.repeat == 1 else {"runs": every},
                            option=orjson.OPT_INDENT_2).decode())
@@ -214,16 +213,23 @@ def run_contention(args: argparse.Namespace) -> int:
 
 def ranges_table(runs: list[dict[str, dict[str, Any]]]) -> Table:
     """Each figure's lowest and highest value over the runs, per path."""
-    table = Table(title=f"range over {len(runs)} runs (each against its own baselines)")
+    table = figures_table(f"range over {len(runs)} runs (each against its own baselines)")
     table.add_column("figure")
     for path in runs[0]:
         table.add_column(path, justify="right")
     for label, key, fmt in ROWS:
-        one = fmt.replace(" of {shorts}", "")
         cells = []
         for path in runs[0]:
             values = [r[path][key] for r in runs if r.get(path, {}).get(key) is not None]
-            cells.append(f"{one.format(min(values))} – {one.format(max(values))}"
-                         if values else "–")
+            cells.append(_range(fmt, values))
         table.add_row(label, *cells)
     return table
+
+
+def _range(fmt: str, values: list[Any]) -> str:
+    """The lowest and the highest value, the unit once: "42.8–54.6 %" ("{} of {shorts}": "9–12")."""
+    if not values:
+        return "–"
+    number, _, unit = fmt.partition("}")
+    unit = "" if "{" in unit else unit
+    return f"{(number + '}').format(min(values))}–{(number + '}').format(max(values))}{unit}"

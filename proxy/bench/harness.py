@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.testbed.toml import toml_text
+
 _LISTENING = re.compile(r"slotwise listening on (http://\S+),")
 
 
@@ -88,30 +90,6 @@ class SlotwiseProcess:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
-
-
-def toml_text(tables: dict[str, dict[str, Any]]) -> str:
-    """A TOML document of tables of plain values (for generated configs)."""
-    lines = []
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return orjson.dumps(value).decode()
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {value!r} as TOML")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.bench.contention import WORDS
+from proxy.testbed.words import filler
 
 SIZES = (16, 32, 64, 128, 256)
 
@@ -86,7 +86,7 @@ async def measure(url: str, *, prefix: int = 3000, sizes: Sequence[int] = SIZES,
 
 async def _token_ids(session: aiohttp.ClientSession, url: str, count: int,
                      rng: random.Random) -> list[int]:
-    text = " ".join(rng.choice(WORDS) for _ in range(count))
+    text = filler(rng, count)
     async with session.post(url + "/tokenize", json={"content": text}) as response:
         response.raise_for_status()
         ids = (await response.json())["tokens"]

@@ -14,10 +14,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.cli import positive_int, show
 from proxy.bench.contention import SERVER_ARGS
 from proxy.bench.harness import temp_dir
-from proxy.bench.pieces import SIZES, measure
+from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.pieces import SIZES, PieceFigures, measure
 from proxy.config import ConfigError, load_config
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
@@ -68,8 +68,12 @@ def run_pieces(args: argparse.Namespace) -> int:
             url, headers, where = server.url, {}, "testbed small model"
         figures = asyncio.run(measure(url, prefix=args.prefix, sizes=sizes,
                                       streams=args.streams, headers=headers))
+    return show(pieces_table(figures, where), figures.as_dict(), as_json=args.json)
+
+
+def pieces_table(figures: PieceFigures, where: str) -> Table:
     short = statistics.median(figures.short_prompt_ms)
-    table = Table(title=f"one piece's batch, {figures.streams} streams decoding ({where})")
+    table = figures_table(f"one piece's batch, {figures.streams} streams decoding ({where})")
     for column in ("piece tokens", "after prefix", "batch (server) ms", "ms per token",
                    "sent → answered ms", "× a short turn's prompt"):
         table.add_column(column, justify="right")
@@ -80,4 +84,4 @@ def run_pieces(args: argparse.Namespace) -> int:
     table.caption = (f"a short turn's own prompt (same conditions, median of "
                      f"{len(figures.short_prompt_ms)}): {short:.1f} ms. A request arriving "
                      "during a piece waits for the rest of its batch.")
-    return show(table, figures.as_dict(), as_json=args.json)
+    return table

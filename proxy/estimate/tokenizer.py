@@ -12,9 +12,6 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import aiohttp
-import orjson
-
 from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.local_vocab import GgufVocab
 from proxy.estimate.prompt import (
@@ -30,7 +27,7 @@ from proxy.estimate.prompt import (
     tokenize_mixed,
 )
 from proxy.estimate.responses import responses_as_chat
-from proxy.upstream_call import send
+from proxy.upstream import UpstreamCallError, UpstreamClient
 
 COUNT_PATHS = {"messages": "/v1/messages/count_tokens", "responses": "/v1/responses/input_tokens"}
 """Where the server counts the prompt tokens of the bodies it converts to chat bodies itself."""
@@ -45,12 +42,9 @@ class PromptTokenizer(Protocol):
 class UpstreamTokenizer:
     """Asks the llama-server behind slotwise. Chat: `/apply-template` then `/tokenize`."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, *,
-                 headers: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> None:
-        self._session = session
-        self._base = base_url.rstrip("/")
-        self._headers = dict(headers or {})
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+    def __init__(self, upstream: UpstreamClient, *, timeout_s: float = 30.0) -> None:
+        self._upstream = upstream
+        self._timeout_s = timeout_s
 
     async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
         prompt = await self.prompt(kind, body)
@@ -101,20 +95,10 @@ class UpstreamTokenizer:
         return ids_of(tokens)
 
     async def _post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        url = self._base + path
-        headers = {**self._headers, "Content-Type": "application/json"}
         try:
-            async with await send(self._session, "POST", url, data=orjson.dumps(payload),
-                                  headers=headers, timeout=self._timeout) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise EstimateError(f"{path} answered HTTP {resp.status}: {raw[:200]!r}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EstimateError(f"{path} failed: {type(exc).__name__}: {exc}") from exc
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise EstimateError(f"{path} answered with invalid JSON") from exc
+            answer = await self._upstream.post_json(path, payload, timeout_s=self._timeout_s)
+        except UpstreamCallError as exc:
+            raise EstimateError(str(exc)) from exc
         if not isinstance(answer, dict):
             raise EstimateError(f"{path} answered with JSON that is not an object")
         return answer
@@ -136,10 +120,6 @@ class LocalTokenizer:
     async def open(cls, model_path: str, upstream: UpstreamTokenizer) -> LocalTokenizer:
         vocab = await asyncio.to_thread(GgufVocab.load, model_path)
         return cls(vocab, upstream)
-
-    def with_upstream(self, upstream: UpstreamTokenizer) -> LocalTokenizer:
-        """The same vocabulary, asking `upstream` for templates (the current URL and key)."""
-        return LocalTokenizer(self._vocab, upstream)
 
     async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
         prompt = await self._upstream.prompt(kind, body)

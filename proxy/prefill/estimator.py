@@ -6,11 +6,8 @@ else the upstream) and owns the cache model, which each finished request correct
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import aiohttp
-import orjson
 
 from proxy.config import ConfigError, PrefillConfig
 from proxy.estimate import (
@@ -22,31 +19,26 @@ from proxy.estimate import (
     UpstreamTokenizer,
     estimate,
 )
-from proxy.upstream_call import send
+from proxy.upstream import UpstreamCallError, UpstreamClient
 
 log = logging.getLogger("slotwise.prefill")
 
 DEFAULT_SLOTS, DEFAULT_CTX = 4, 32768
 """Used for the cache model until the upstream's `/props` has been read."""
+PROPS_TIMEOUT_S = 5.0
 
 
 class Estimator:
     """Prompt ids and an `Estimate` per request body; `learn` after each request and piece."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: Callable[[], str],
-                 headers: Callable[[], Mapping[str, str]] = dict) -> None:
-        self._session = session
-        self._base_url = base_url
-        self._headers = headers
-        """slotwise's own headers (the API key), read per call so a reload applies."""
+    def __init__(self, upstream: UpstreamClient) -> None:
+        self._upstream = upstream
+        self._server_tokenizer = UpstreamTokenizer(upstream)
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
         self.upstream_slots: int | None = None
         """llama-server's slot count, once `/props` has been read."""
-
-    def _upstream(self) -> UpstreamTokenizer:
-        return UpstreamTokenizer(self._session, self._base_url(), headers=self._headers())
 
     async def prepare(self, config: PrefillConfig) -> None:
         """Load the in-process tokenizer `config` names (ConfigError if it cannot be loaded)."""
@@ -54,15 +46,15 @@ class Estimator:
         if not path or (self._local is not None and self._local[0] == path):
             return
         try:
-            self._local = (path, await LocalTokenizer.open(path, self._upstream()))
+            self._local = (path, await LocalTokenizer.open(path, self._server_tokenizer))
         except EstimateError as exc:
             raise ConfigError(f"prefill.tokenizer_model: {exc} (valid: the GGUF file the "
                               "upstream serves, or \"\" to ask the upstream)") from exc
 
     def tokenizer(self, config: PrefillConfig) -> PromptTokenizer:
         if config.tokenizer_model and self._local and self._local[0] == config.tokenizer_model:
-            return self._local[1].with_upstream(self._upstream())
-        return self._upstream()
+            return self._local[1]
+        return self._server_tokenizer
 
     async def estimate(self, config: PrefillConfig, kind: str,
                        body: Mapping[str, Any]) -> tuple[list[int], Estimate]:
@@ -82,11 +74,8 @@ class Estimator:
     async def read_props(self) -> None:
         """Size the cache model from `/props` (slots, per-slot context); retried until it works."""
         try:
-            async with await send(self._session, "GET", self._base_url() + "/props",
-                                  headers=self._headers(),
-                                  timeout=aiohttp.ClientTimeout(total=5.0)) as response:
-                props = orjson.loads(await response.read()) if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            props = await self._upstream.get_json("/props", timeout_s=PROPS_TIMEOUT_S)
+        except UpstreamCallError as exc:
             log.debug("cannot read /props yet: %s", exc)
             return
         self._props_read = True

@@ -1,14 +1,15 @@
-"""What the prefill policy hears and what it answers: frozen values, no behaviour.
+"""What the prefill policy keeps of a cold request, and what it answers: frozen values, no behaviour.
 
-Events (past tense) are what the gate saw happen; decisions (imperative) are what the gate must do.
-Every value names the request by the gate's own `req_id`; times are plain seconds from any clock.
+The gate tells the policy what happened through its `on_*` methods (past tense: arrived, prefill
+started, piece done); decisions (imperative) are what the gate must do. Every value names the request
+by the gate's own `req_id`; times are plain seconds from any clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# ---- events --------------------------------------------------------------------------------------
+# ---- a request as it arrived -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -20,59 +21,6 @@ class Arrived:
     """All prompt tokens (cached + new); the plan feeds prefixes of this many ids."""
     now: float
 
-
-@dataclass(frozen=True)
-class PrefillStarted:
-    req_id: str
-    now: float
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    req_id: str
-    now: float
-
-
-@dataclass(frozen=True)
-class Finished:
-    req_id: str
-    now: float
-    prompt_n: int | None = None
-    """The server's `timings.prompt_n` (tokens computed), if seen."""
-    prompt_ms: float | None = None
-    """The server's `timings.prompt_ms`, if seen."""
-
-
-@dataclass(frozen=True)
-class PieceDone:
-    req_id: str
-    tokens: int
-    """Prompt tokens the piece computed (its `timings.prompt_n`)."""
-    elapsed_ms: float
-    """Wall time from sending the piece to its response."""
-    now: float
-
-
-@dataclass(frozen=True)
-class PieceFailed:
-    req_id: str
-    reason: str
-    now: float
-
-
-@dataclass(frozen=True)
-class ClientLeft:
-    req_id: str
-    now: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
-Event = (Arrived | PrefillStarted | FirstToken | Finished | PieceDone | PieceFailed | ClientLeft
-         | Tick)
 
 # ---- decisions -----------------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy.background import background
 from proxy.config import Config
+from proxy.ops.background import background
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
@@ -26,20 +26,20 @@ def install(app: web.Application) -> None:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    estimator = Estimator(state.session, lambda: state.upstream_url, state.own_headers)
+    estimator = Estimator(state.upstream)
     await estimator.prepare(state.config.prefill)
 
     async def check(new: Config) -> None:
         await estimator.prepare(new.prefill)
 
-    gate = PrefillGate(config=lambda: state.config.prefill, estimator=estimator,
-                       feeder=PieceFeeder(state.session, lambda: state.upstream_url,
-                                          headers=state.own_headers),
+    gate = PrefillGate(config=state.config.prefill, estimator=estimator,
+                       feeder=PieceFeeder(state.upstream),
                        registry=state.registry, clock=state.clock)
     app[GATE] = gate
     state.gate = gate
     state.registry.subscribe(gate.on_phase)
     state.reload_checks.append(check)
+    state.reload_hooks.append(lambda new: gate.reconfigure(new.prefill))
     try:
         async with background(gate.run(), "slotwise-prefill-tick"):
             yield

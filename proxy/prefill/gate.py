@@ -16,12 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.admission import Admission
 from proxy.config import PrefillConfig
-from proxy.endpoints import GENERATING, Kind
-from proxy.errors import Rejected
 from proxy.estimate import Estimate, EstimateError
-from proxy.inflight import Flight, Phase, Registry
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.events import (
     Admit,
@@ -33,15 +29,19 @@ from proxy.prefill.events import (
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
 from proxy.prefill.policy import PrefillPolicy
+from proxy.prefill.snapshot import PolicySnapshot
+from proxy.record.flight import Flight, Phase, PrefillPlan
+from proxy.record.inflight import Registry
+from proxy.request.endpoints import GENERATING, Kind
+from proxy.request.errors import Rejected
 
 log = logging.getLogger("slotwise.prefill")
 
-CONFIG_POLL_S = 1.0
-"""How often the tick loop looks for a reloaded `[prefill]` (held requests see it this fast)."""
 QUIET_REASONS = ("not cold", "prefill.mode off")
 """Admission reasons not worth a `policy_note` in the record (the usual case)."""
 
-Outcome = Admit | Forward | Reject
+Release = Admit | Forward | Reject
+"""How a request leaves the gate."""
 
 
 @dataclass(eq=False)
@@ -52,21 +52,18 @@ class _Request:
     flight: Flight
     ids: list[int]
     lora: Any
-    outcome: asyncio.Future[Outcome] = field(
+    release: asyncio.Future[Release] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
-    held: bool = False
-    pieces: int = 0
     piece: asyncio.Task[None] | None = None
 
 
 class PrefillGate:
-    """Implements `proxy.admission.Gate` with a `PrefillPolicy`."""
+    """Implements `proxy.request.admission.Gate` with a `PrefillPolicy`."""
 
-    def __init__(self, *, config: Callable[[], PrefillConfig], estimator: Estimator,
+    def __init__(self, *, config: PrefillConfig, estimator: Estimator,
                  feeder: PieceFeeder, registry: Registry,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._config = config
-        self._cfg = config()
+        self._cfg = config
         self._policy = PrefillPolicy(self._cfg, n_batch=self._cfg.n_batch)
         self._estimator = estimator
         self._feeder = feeder
@@ -82,30 +79,40 @@ class PrefillGate:
     def policy(self) -> PrefillPolicy:
         return self._policy
 
-    async def admit(self, flight: Flight, kind: Kind, body: dict[str, Any]) -> Admission:
-        if kind not in GENERATING:
-            return Admission()
-        cfg = self.current_config()
+    def snapshot(self) -> PolicySnapshot:
+        return self._policy.snapshot()
+
+    async def admit(self, flight: Flight, body: dict[str, Any]) -> None:
+        """Return when the request may go upstream. What was done with it is written on
+        `flight.prefill` as it happens, so a client that leaves meanwhile still has it."""
+        if flight.kind not in GENERATING:
+            return
+        cfg = self._cfg
         key = f"{flight.id}#{next(self._seq)}"
         if cfg.mode == "off":  # no estimate: zero added latency; still tracked as generating
             self._keys[flight] = key
             self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
-            return Admission()
-        ids, est, note = await self._estimate(cfg, kind, body)
+            return
+        ids, est, note = await self._estimate(cfg, flight.kind, body)
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
+        facts = flight.prefill
+        facts.note = note
         if ids:
             self._ids[key] = ids
-            flight.est_new_tokens = est.new_tokens  # in the record even if the client leaves
+            facts.est_prompt_tokens, facts.est_new_tokens = est.prompt_tokens, est.new_tokens
         start = self._clock()
         try:
             self._apply(self._policy.on_arrival(key, est.new_tokens if ids else 0,
                                                 est.prompt_tokens if ids else 0, start))
-            outcome = await self._wait(request, flight, start)
+            release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)
-        return self._admission(request, outcome, est if ids else None, note, start)
+        if isinstance(release, Reject):
+            raise Rejected(f"slotwise is holding too many cold prompts: {release.reason}")
+        if release.reason not in QUIET_REASONS:
+            facts.note = note or release.reason
 
     async def _estimate(self, cfg: PrefillConfig, kind: Kind, body: Mapping[str, Any]
                         ) -> tuple[list[int], Estimate, str | None]:
@@ -116,31 +123,21 @@ class PrefillGate:
             return [], Estimate(0, 0), f"not estimated, forwarded as it came: {exc}"
         return ids, est, None
 
-    async def _wait(self, request: _Request, flight: Flight, start: float) -> Outcome:
-        if request.outcome.done():
-            return request.outcome.result()
-        request.held = True
+    async def _wait(self, request: _Request, flight: Flight, start: float) -> Release:
+        if request.release.done():
+            return request.release.result()
+        if flight.prefill.plan is PrefillPlan.NONE:
+            flight.prefill.plan = PrefillPlan.HELD
         self._registry.move(flight, Phase.HELD, start)
         try:
-            return await request.outcome
+            return await request.release
         except asyncio.CancelledError:  # the client left: end its plan at once
             if request.piece is not None:
                 request.piece.cancel()
             self._apply(self._policy.on_client_left(request.key, self._clock()))
             raise
-
-    def _admission(self, request: _Request, outcome: Outcome, est: Estimate | None,
-                   note: str | None, start: float) -> Admission:
-        if isinstance(outcome, Reject):
-            raise Rejected(f"slotwise is holding too many cold prompts: {outcome.reason}")
-        plan = "chunked" if request.pieces else "held" if request.held else "none"
-        reason = None if outcome.reason in QUIET_REASONS else outcome.reason
-        return Admission(
-            plan=plan, held_ms=round((self._clock() - start) * 1000.0, 1) if request.held else 0.0,
-            pieces=request.pieces,
-            est_prompt_tokens=est.prompt_tokens if est else None,
-            est_new_tokens=est.new_tokens if est else None,
-            note=note or reason)
+        finally:
+            flight.prefill.held_ms = round((self._clock() - start) * 1000.0, 1)
 
     # ---- events from the registry ------------------------------------------------------------
 
@@ -158,13 +155,12 @@ class PrefillGate:
             self._finished(key, flight, now)
 
     def _finished(self, key: str, flight: Flight, now: float) -> None:
-        prompt_n, total = flight.new_tokens, flight.prompt_tokens
+        prompt_n, total = flight.computed_tokens, flight.prompt_tokens
         ids = self._ids.pop(key, None)
         if ids and prompt_n is not None and total is not None:
             self._estimator.learn(ids, total - prompt_n)
-        timer = flight.timer
-        prompt_ms = timer.ms(timer.prefill_started, timer.prefill_done)
-        self._apply(self._policy.on_finished(key, now, prompt_n, prompt_ms))
+        self._apply(self._policy.on_finished(key, now, prompt_n, _prompt_ms(flight),
+                                             cache_n=max(0, (total or 0) - (prompt_n or 0))))
 
     # ---- applying decisions --------------------------------------------------------------------
 
@@ -181,10 +177,10 @@ class PrefillGate:
                         request.piece.cancel()
         self._wake.set()
 
-    def _settle(self, decision: Outcome) -> None:
+    def _settle(self, decision: Release) -> None:
         request = self._deciding.get(decision.req_id)
-        if request is not None and not request.outcome.done():
-            request.outcome.set_result(decision)
+        if request is not None and not request.release.done():
+            request.release.set_result(decision)
 
     def _start_piece(self, decision: FeedPiece) -> None:
         request = self._deciding.get(decision.req_id)
@@ -208,21 +204,21 @@ class PrefillGate:
             self._apply(self._policy.on_piece_failed(
                 request.key, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
             return
-        request.pieces += 1
-        request.flight.fed_tokens += result.prompt_n
+        facts = request.flight.prefill
+        facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+        facts.fed_tokens += result.prompt_n
         self._estimator.learn(request.ids[:upto], result.cache_n)
-        self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.elapsed_ms,
+        self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.batch_ms,
                                                self._clock()))
 
     # ---- time and reloads ----------------------------------------------------------------------
 
-    def current_config(self) -> PrefillConfig:
-        """The `[prefill]` in force; a reloaded one is handed to the policy (held ones stay)."""
-        cfg = self._config()
-        if cfg != self._cfg:
-            self._cfg = cfg
-            self._apply(self._policy.reconfigure(cfg, self._clock()))
-        return cfg
+    def reconfigure(self, config: PrefillConfig) -> None:
+        """A reload's `[prefill]`: it rules new requests and the policy from now on (held requests
+        stay held, or are released if the mode is now `off`)."""
+        if config != self._cfg:
+            self._cfg = config
+            self._apply(self._policy.reconfigure(config, self._clock()))
 
     def tick(self) -> None:
         self._apply(self._policy.on_tick(self._clock()))
@@ -231,11 +227,9 @@ class PrefillGate:
         """Tick at the policy's next wakeup; any decision applied wakes the loop to look again."""
         while True:
             self._wake.clear()
-            self.current_config()
             wakeup = self._policy.next_wakeup()
-            delay = CONFIG_POLL_S if wakeup is None else min(CONFIG_POLL_S,
-                                                             wakeup - self._clock())
-            if delay > 0:
+            delay = None if wakeup is None else wakeup - self._clock()
+            if delay is None or delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
                 # comes with a wake-up, and this loop would then never stop.
                 with contextlib.suppress(TimeoutError):
@@ -252,3 +246,12 @@ class PrefillGate:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _prompt_ms(flight: Flight) -> float | None:
+    """The request's prefill time: the server's `timings.prompt_ms`, else as the stream showed it."""
+    server = (flight.timings or {}).get("prompt_ms")
+    if isinstance(server, int | float):
+        return float(server)
+    timer = flight.timer
+    return timer.ms(timer.prefill_started, timer.prefill_done)

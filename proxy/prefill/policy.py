@@ -9,36 +9,26 @@ from __future__ import annotations
 from collections import deque
 
 from proxy.config import PrefillConfig
+from proxy.prefill.batch_cost import BatchCostModel
 from proxy.prefill.events import (
     Admit,
     Arrived,
     CancelPiece,
-    ClientLeft,
     Decision,
-    Event,
     FeedPiece,
-    Finished,
-    FirstToken,
     Forward,
     Hold,
-    PieceDone,
-    PieceFailed,
-    PrefillStarted,
     Reject,
-    Tick,
 )
-from proxy.prefill.plan import Plan
-from proxy.prefill.sizing import (
-    DEFAULT_PREFILL_TPS,
-    PrefillRate,
-    next_upto,
-    pause_s,
-    piece_tokens,
-)
-from proxy.prefill.snapshot import Phase, PolicySnapshot
+from proxy.prefill.held import HeldRequest
+from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.snapshot import PolicySnapshot
+from proxy.prefill.strategy import ChunkKnobs, PieceChoice, Situation, Strategy, choose_piece
+from proxy.record.flight import Phase
 
-LEARN_MIN_TOKENS = 256
-"""A finished request teaches the prefill rate only if it computed at least this many tokens."""
+LEARN_MIN_TOKENS = 16
+"""A finished request teaches the batch cost only if it computed at least this many tokens (fewer
+are mostly the server's per-request overhead, not a batch)."""
 SENT_GRACE_S = 0.5
 """Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
 only once it starts); the next piece waits for it this long at most, since a non-streamed request
@@ -59,19 +49,22 @@ class PrefillPolicy:
         wait (Hold) in arrival order; one more than `max_waiting` waiting is rejected.
      5. `defer`: the active cold request is held while others generate and admitted as soon as
         nobody does, or by `on_tick` once it has been held `max_hold_s` since its arrival.
-     6. `chunk`: while others generate, the active cold request is fed as cumulative token-id
-        prefixes: FeedPiece(upto) with pieces of P = min(n_batch, rate * max_stall_ms / 1000)
-        tokens (rounded down to 64, at least 64), starting after the tokens already cached. After
-        each piece comes a pause of piece_time * (1 - share) / share (`on_tick` sends the next
-        piece). Once the rest is <= P tokens the real request is forwarded.
+     6. `chunk`: while others generate, the active cold request goes on the way `choose_piece`
+        (strategy.py, its own numbered rules) picks from the fitted batch cost at its prefix:
+        PIECES or LARGER_PIECES: fed as cumulative token-id prefixes, FeedPiece(upto), starting
+        after the tokens already cached; after each piece a pause of piece_time * (1 - share) /
+        share (`on_tick` sends the next piece). WHOLE (the rest fits one piece, or no option beats
+        sending it): the real request is forwarded. HOLD: held like `defer` until the hold the
+        strategy chose ends (then forwarded whole), or nobody generates (rule 7).
      7. `chunk`: as soon as nobody is generating, the real request is forwarded at once (full
         speed); a piece already in flight is let finish first, since its work is kept in the cache.
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
         is unchanged: the next piece still waits for its pause, and also while any other request
         is computing its prompt (PREFILLING) or was sent less than SENT_GRACE_S ago and has not
         started it yet, so that short prompts go between pieces, not into a piece's batch.
-     9. The prefill rate is learned from PieceDone (tokens / elapsed) and from finished requests'
-        prompt_n / prompt_ms (if >= 256 tokens); it starts at a conservative default.
+     9. The batch cost (batch_cost.py) is learned from every piece (its time at its prefix, with the
+        streams decoding beside it) and every finished request's prefill (prompt_n after cache_n
+        in prompt_ms, if >= LEARN_MIN_TOKENS); it starts at a conservative prior.
     10. A client that leaves ends its part at once: an active plan ends (CancelPiece if a piece is
         in flight), a waiting request leaves the line, a sent request stops counting as generating.
     11. A failed piece ends the plan: the real request is forwarded as it came (fail open), with
@@ -83,39 +76,18 @@ class PrefillPolicy:
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
-                 default_tps: float = DEFAULT_PREFILL_TPS) -> None:
+                 cost: BatchCostModel | None = None) -> None:
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
         self._cfg = config
         self._n_batch = n_batch
-        self._rate = PrefillRate(default_tps)
+        self._cost = cost if cost is not None else BatchCostModel()
         self._in_flight: dict[str, Phase] = {}
         self._sent_at: dict[str, float] = {}
         self._line: deque[Arrived] = deque()
-        self._plan: Plan | None = None
+        self._held: HeldRequest | None = None
 
     # ---- events ----------------------------------------------------------------------------
-
-    def handle(self, event: Event) -> list[Decision]:
-        """Dispatch an event value to its `on_*` method."""
-        match event:
-            case Arrived():
-                return self.on_arrival(event.req_id, event.est_new_tokens,
-                                       event.est_prompt_tokens, event.now)
-            case PrefillStarted():
-                return self.on_prefill_started(event.req_id, event.now)
-            case FirstToken():
-                return self.on_first_token(event.req_id, event.now)
-            case Finished():
-                return self.on_finished(event.req_id, event.now, event.prompt_n, event.prompt_ms)
-            case PieceDone():
-                return self.on_piece_done(event.req_id, event.tokens, event.elapsed_ms, event.now)
-            case PieceFailed():
-                return self.on_piece_failed(event.req_id, event.reason, event.now)
-            case ClientLeft():
-                return self.on_client_left(event.req_id, event.now)
-            case Tick():
-                return self.on_tick(event.now)
 
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
                    now: float) -> list[Decision]:
@@ -123,26 +95,27 @@ class PrefillPolicy:
             return self._admit(req_id, "prefill.mode off", now)
         if est_new_tokens < self._cfg.cold_tokens:
             return self._admit(req_id, "not cold", now)
-        if self._plan is None and not self._in_flight:
+        if self._held is None and not self._in_flight:
             return self._admit(req_id, "cold, nobody generating", now)
-        if self._plan is not None and len(self._line) >= self._cfg.max_waiting:
+        if self._held is not None and len(self._line) >= self._cfg.max_waiting:
             return [Reject(req_id, f"{len(self._line)} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
         self._line.append(Arrived(req_id, est_new_tokens, est_prompt_tokens, now))
-        held = "waiting for its turn" if self._plan is not None else "others generating"
-        return [Hold(req_id, held), *self._advance(now)]
+        why = "waiting for its turn" if self._held is not None else "others generating"
+        return [Hold(req_id, why), *self._advance(now)]
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
         return self._set_phase(req_id, Phase.PREFILLING)
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.DECODING)
-        return self._advance(now) if self._plan is not None else []
+        return self._advance(now) if self._held is not None else []
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
-                    prompt_ms: float | None = None) -> list[Decision]:
-        if prompt_n is not None and prompt_ms is not None:
-            self._rate.observe(prompt_n, prompt_ms, min_tokens=LEARN_MIN_TOKENS)
+                    prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
+        if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
+            self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
+                                       self._decoders(besides=req_id))
         self._sent_at.pop(req_id, None)
         if self._in_flight.pop(req_id, None) is None:
             return []
@@ -150,28 +123,28 @@ class PrefillPolicy:
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
                       now: float) -> list[Decision]:
-        plan = self._plan
-        if plan is None or plan.req.req_id != req_id or plan.piece_upto is None:
+        held = self._held
+        if held is None or held.req.req_id != req_id or held.piece_upto is None:
             return []
-        self._rate.observe(tokens, elapsed_ms)
-        plan.done_upto, plan.piece_upto = plan.piece_upto, None
-        plan.pieces_done += 1
-        plan.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._cfg.prefill_share)
+        self._cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms, self._decoders())
+        held.done_upto, held.piece_upto = held.piece_upto, None
+        held.pieces_done += 1
+        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._cfg.prefill_share)
         return self._advance(now)
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        plan = self._plan
-        if plan is None or plan.req.req_id != req_id:
+        held = self._held
+        if held is None or held.req.req_id != req_id:
             return []
         return [*self._release(Forward(req_id, f"piece failed, forwarded as it came: {reason}"),
                                now),
                 *self._advance(now)]
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
-        plan = self._plan
-        if plan is not None and plan.req.req_id == req_id:
-            self._plan = None
-            cancel: list[Decision] = [CancelPiece(req_id)] if plan.piece_upto is not None else []
+        held = self._held
+        if held is not None and held.req.req_id == req_id:
+            self._held = None
+            cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
         self._line = deque(a for a in self._line if a.req_id != req_id)
         self._sent_at.pop(req_id, None)
@@ -189,8 +162,8 @@ class PrefillPolicy:
         if config.mode != "off":
             return self._advance(now)
         out: list[Decision] = []
-        if self._plan is not None:
-            out.extend(self._release(self._plan.release("prefill.mode off (reload)"), now))
+        if self._held is not None:
+            out.extend(self._release(self._held.release("prefill.mode off (reload)"), now))
         while self._line:
             out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)", now))
         return out
@@ -199,37 +172,43 @@ class PrefillPolicy:
 
     def next_wakeup(self) -> float | None:
         """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
-        plan = self._plan
-        if plan is None:
+        held = self._held
+        if held is None:
             return None
         if self._cfg.mode == "defer":
-            return plan.deadline
-        if plan.piece_upto is not None or self._others_prefilling():
+            return held.deadline
+        if held.hold_until is not None:
+            return held.hold_until
+        if held.piece_upto is not None or self._others_prefilling():
             return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
-        return max(plan.next_piece_at, self._sent_grace_end())
+        return max(held.next_piece_at, self._sent_grace_end())
 
-    @property
-    def piece_tokens(self) -> int:
-        return piece_tokens(self._rate.tps, self._cfg.max_stall_ms, self._n_batch)
+    def choice(self, done_tokens: int, remaining_tokens: int) -> PieceChoice:
+        """How a cold request at this point would go on now (rule 6), from the fitted cost."""
+        knobs = ChunkKnobs(max_stall_ms=self._cfg.max_stall_ms, n_batch=self._n_batch,
+                           prefill_share=self._cfg.prefill_share,
+                           max_hold_ms=self._cfg.max_hold_s * 1000.0)
+        situation = Situation(done_tokens=done_tokens, remaining_tokens=remaining_tokens,
+                              decoders=self._decoders())
+        return choose_piece(self._cost.cost, situation, knobs)
 
     def snapshot(self) -> PolicySnapshot:
-        plan = self._plan
+        held = self._held
         waiting = tuple(a.req_id for a in self._line)
         return PolicySnapshot(
             mode=self._cfg.mode,
-            held=((plan.req.req_id,) if plan else ()) + waiting,
+            held=((held.req.req_id,) if held else ()) + waiting,
             waiting=waiting,
-            chunking=plan.progress() if plan and self._cfg.mode == "chunk" else None,
+            chunking=held.progress() if held and self._cfg.mode == "chunk" else None,
             in_flight=tuple(self._in_flight.items()),
-            prefill_tps=self._rate.tps,
-            rate_samples=self._rate.samples,
-            piece_tokens=self.piece_tokens,
+            cost=self._cost.describe(),
+            choice=held.choice if held else None,
         )
 
     # ---- internals -------------------------------------------------------------------------
 
     def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        self._in_flight[req_id] = Phase.SENT
+        self._in_flight[req_id] = Phase.QUEUED
         self._sent_at[req_id] = now
         return [Admit(req_id, reason)]
 
@@ -240,8 +219,8 @@ class PrefillPolicy:
 
     def _release(self, decision: Admit | Forward, now: float) -> list[Decision]:
         """End the active plan: its request goes upstream and counts as generating from now on."""
-        self._plan = None
-        self._in_flight[decision.req_id] = Phase.SENT
+        self._held = None
+        self._in_flight[decision.req_id] = Phase.QUEUED
         self._sent_at[decision.req_id] = now
         return [decision]
 
@@ -249,34 +228,47 @@ class PrefillPolicy:
         """Apply rules 5-7 and 12 until nothing changes."""
         out: list[Decision] = []
         while True:
-            if self._plan is None:
+            if self._held is None:
                 if not self._line:
                     return out
-                self._plan = Plan.for_request(self._line.popleft(), self._cfg.max_hold_s)
-            plan = self._plan
-            out.extend(self._step(plan, now))
-            if self._plan is plan:
+                self._held = HeldRequest.for_request(self._line.popleft(), self._cfg.max_hold_s)
+            held = self._held
+            out.extend(self._step(held, now))
+            if self._held is held:
                 return out
 
-    def _step(self, plan: Plan, now: float) -> list[Decision]:
-        req_id = plan.req.req_id
+    def _step(self, held: HeldRequest, now: float) -> list[Decision]:
+        req_id = held.req.req_id
         if self._cfg.mode == "defer":
             if not self._in_flight:
                 return self._release(Admit(req_id, "held until others finished"), now)
-            if now >= plan.deadline:
+            if now >= held.deadline:
                 return self._release(Admit(req_id, "held prefill.max_hold_s"), now)
             return []
-        if plan.piece_upto is not None:
+        if held.piece_upto is not None:
             return []
         if not self._in_flight:
-            return self._release(plan.release("nobody generating"), now)
-        piece = self.piece_tokens
-        if plan.req.est_prompt_tokens - plan.done_upto <= piece:
-            return self._release(plan.release("rest fits one piece"), now)
-        if now < plan.next_piece_at or self._others_prefilling() or now < self._sent_grace_end():
+            return self._release(held.release("nobody generating"), now)
+        if held.hold_until is not None:
+            if now < held.hold_until:
+                return []
+            return self._release(held.release("held as the batch cost chose"), now)
+        rest = held.req.est_prompt_tokens - held.done_upto
+        choice = held.choice = self.choice(held.done_upto, rest)
+        if choice.strategy is Strategy.WHOLE:
+            return self._release(held.release(choice.reason), now)
+        if choice.strategy is Strategy.HOLD:
+            held.hold_until = now + choice.hold_ms / 1000.0
             return []
-        plan.piece_upto = next_upto(plan.done_upto, piece)
-        return [FeedPiece(req_id, plan.piece_upto)]
+        if now < held.next_piece_at or self._others_prefilling() or now < self._sent_grace_end():
+            return []
+        held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
+        return [FeedPiece(req_id, held.piece_upto)]
+
+    def _decoders(self, besides: str | None = None) -> int:
+        """Requests decoding now (their tokens share every batch)."""
+        return sum(1 for r, phase in self._in_flight.items()
+                   if phase is Phase.DECODING and r != besides)
 
     def _others_prefilling(self) -> bool:
         return any(phase is Phase.PREFILLING for phase in self._in_flight.values())
@@ -284,4 +276,4 @@ class PrefillPolicy:
     def _sent_grace_end(self) -> float:
         """When the last request sent but not yet prefilling stops holding the next piece."""
         return max((self._sent_at[r] + SENT_GRACE_S for r, phase in self._in_flight.items()
-                    if phase is Phase.SENT), default=0.0)
+                    if phase is Phase.QUEUED), default=0.0)

@@ -6,15 +6,10 @@ Built by `PrefillPolicy.snapshot()`; nothing here changes the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
-
-class Phase(StrEnum):
-    """Where a request that was sent upstream is; all of them count as generating (or about to)."""
-
-    SENT = "sent"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
+from proxy.prefill.batch_cost import CostFit
+from proxy.prefill.strategy import PieceChoice
+from proxy.record.flight import Phase
 
 
 @dataclass(frozen=True)
@@ -38,6 +33,7 @@ class PolicySnapshot:
     """Cold requests waiting for their turn, in arrival order."""
     chunking: ChunkProgress | None
     in_flight: tuple[tuple[str, Phase], ...]
-    prefill_tps: float
-    rate_samples: int
-    piece_tokens: int
+    cost: CostFit
+    """The fitted batch-cost model and how well it fits."""
+    choice: PieceChoice | None
+    """How the active cold request goes on (chunk), as last decided."""

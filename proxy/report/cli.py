@@ -18,7 +18,7 @@ from proxy.report.model import Report, Span
 from proxy.report.pairing import pair
 from proxy.report.records import (
     InputError,
-    Record,
+    RecordLine,
     TimingLog,
     first_pieces,
     load_timing_log,
@@ -142,7 +142,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _side(
     spec: str, log: TimingLog | None, since: float | None, until: float | None
-) -> tuple[str, list[Record], TimingLog]:
+) -> tuple[str, list[RecordLine], TimingLog]:
     if os.path.isfile(spec):
         other = load_timing_log(spec)
         return spec, select(other.records, since, until), other

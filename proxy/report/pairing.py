@@ -12,18 +12,18 @@ from collections import Counter
 from collections.abc import Sequence
 
 from proxy.report.model import Span
-from proxy.report.records import Record, record_to_span, timing
+from proxy.report.records import RecordLine, record_to_span, timing
 from proxy.report.tasks import Task, task_to_span
 
 TOLERANCE_S = 2.0
 
 
-def _tokens(record: Record) -> tuple[int, int] | None:
+def _tokens(record: RecordLine) -> tuple[int, int] | None:
     p, g = timing(record, "prompt_n"), timing(record, "predicted_n")
     return None if p is None or g is None else (int(p), int(g))
 
 
-def clock_offset(tasks: Sequence[Task], records: Sequence[Record]) -> float | None:
+def clock_offset(tasks: Sequence[Task], records: Sequence[RecordLine]) -> float | None:
     """Wall-clock seconds minus log seconds, or None when nothing pairs unambiguously."""
     by_tokens = {(t.prompt_n, t.predicted_n): t for t in tasks if t.prefill_start_s is not None}
     task_counts = Counter((t.prompt_n, t.predicted_n) for t in tasks)
@@ -40,7 +40,7 @@ def clock_offset(tasks: Sequence[Task], records: Sequence[Record]) -> float | No
     return statistics.median(offsets) if offsets else None
 
 
-def pair(tasks: Sequence[Task], records: Sequence[Record]) -> tuple[list[Span], int, float | None]:
+def pair(tasks: Sequence[Task], records: Sequence[RecordLine]) -> tuple[list[Span], int, float | None]:
     """Task spans, those paired carrying the record's arrival, client, purpose and LoRA; also the
     number paired and the clock offset."""
     offset = clock_offset(tasks, records)

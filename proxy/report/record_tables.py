@@ -9,10 +9,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from proxy.report.model import Row, Table, quantile
-from proxy.report.records import Record, fed_tokens, new_tokens, num
+from proxy.report.records import RecordLine, fed_tokens, new_tokens, num, overlap_tokens
 
 
-def decode_rate_table(records: Sequence[Record], long_prefill: int) -> Table:
+def decode_rate_table(records: Sequence[RecordLine], long_prefill: int) -> Table:
     """Per-request decode event rates inside overlaps with a long prefill, versus the rest."""
     during: list[float] = []
     rest: list[float] = []
@@ -53,13 +53,13 @@ def decode_rate_table(records: Sequence[Record], long_prefill: int) -> Table:
     )
 
 
-def _split_decode(record: Record, threshold: int) -> tuple[tuple[float, float], ...] | None:
+def _split_decode(record: RecordLine, threshold: int) -> tuple[tuple[float, float], ...] | None:
     events, ms = num(record, "events"), num(record, "decode_ms")
     if events is None or not ms:
         return None
     in_events = in_ms = 0.0
     for ov in record.get("overlaps") or ():
-        if isinstance(ov, Mapping) and (num(ov, "new_tokens") or 0) >= threshold:
+        if isinstance(ov, Mapping) and (overlap_tokens(ov) or 0) >= threshold:
             in_events += num(ov, "decode_events") or 0.0
             in_ms += num(ov, "decode_ms") or 0.0
     # Overlaps of two long prefills at once would count twice: never exceed the whole decode.
@@ -67,7 +67,7 @@ def _split_decode(record: Record, threshold: int) -> tuple[tuple[float, float], 
     return (in_events, in_ms), (events - in_events, ms - in_ms)
 
 
-def requests_table(records: Sequence[Record]) -> Table:
+def requests_table(records: Sequence[RecordLine]) -> Table:
     """Outcomes and LoRA rewrites: counts only."""
     rows = [Row("requests", len(records), ())]
     outcomes = Counter(str(r.get("outcome")) for r in records)
@@ -83,11 +83,11 @@ PLANS = (
 )
 
 
-def policy_table(records: Sequence[Record]) -> Table:
+def policy_table(records: Sequence[RecordLine]) -> Table:
     """What the prefill policy did to each request (`prefill_plan`), and how long it held them."""
     rows = []
     known = {plan for plan, _ in PLANS}
-    by_plan: dict[str, list[Record]] = {}
+    by_plan: dict[str, list[RecordLine]] = {}
     for r in records:
         by_plan.setdefault(str(r.get("prefill_plan") or "none"), []).append(r)
     labels = [*PLANS, *((p, f"plan {p}") for p in sorted(by_plan) if p not in known)]
@@ -171,7 +171,7 @@ def note_kind(note: str) -> str:
     return "other note"
 
 
-def notes_table(records: Sequence[Record]) -> Table:
+def notes_table(records: Sequence[RecordLine]) -> Table:
     """Why the policy released or admitted each request, and when it did not apply (failed open)."""
     kinds = Counter(
         note_kind(note) for r in records if isinstance(note := r.get("policy_note"), str) and note
@@ -192,7 +192,7 @@ def notes_table(records: Sequence[Record]) -> Table:
     )
 
 
-def estimate_table(records: Sequence[Record]) -> Table:
+def estimate_table(records: Sequence[RecordLine]) -> Table:
     """est_new_tokens against the new tokens the server computed (prompt_n + fed_tokens)."""
     pairs = [(num(r, "est_new_tokens"), new_tokens(r)) for r in records]
     known = [(e, a) for e, a in pairs if e is not None and a is not None]

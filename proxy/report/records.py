@@ -16,7 +16,7 @@ import orjson
 
 from proxy.report.model import Segment, Span
 
-Record = Mapping[str, Any]
+RecordLine = Mapping[str, Any]
 COMPLETION_KINDS = frozenset({"chat", "completions", "completion", "infill", "messages",
                               "responses"})
 
@@ -28,7 +28,7 @@ class InputError(ValueError):
 @dataclass(frozen=True)
 class TimingLog:
     path: str
-    records: tuple[Record, ...]
+    records: tuple[RecordLine, ...]
     lines: int
     bad_lines: tuple[int, ...]
     """Line numbers that were not a JSON object with a valid `start`."""
@@ -52,7 +52,7 @@ def load_timing_log(path: str) -> TimingLog:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read timing log {path}: {exc.strerror or exc}") from None
-    records: list[Record] = []
+    records: list[RecordLine] = []
     bad: list[int] = []
     lines = data.splitlines()
     for number, line in enumerate(lines, 1):
@@ -69,7 +69,7 @@ def load_timing_log(path: str) -> TimingLog:
     return TimingLog(path, tuple(records), len(lines), tuple(bad))
 
 
-def _parse_line(line: bytes) -> Record | None:
+def _parse_line(line: bytes) -> RecordLine | None:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -83,11 +83,11 @@ def _parse_line(line: bytes) -> Record | None:
     return value
 
 
-def start_of(record: Record) -> float:
+def start_of(record: RecordLine) -> float:
     return float(record["_t0"])
 
 
-def select(records: Iterable[Record], since: float | None, until: float | None) -> list[Record]:
+def select(records: Iterable[RecordLine], since: float | None, until: float | None) -> list[RecordLine]:
     """Records that arrived in [since, until)."""
     return [
         r
@@ -96,22 +96,22 @@ def select(records: Iterable[Record], since: float | None, until: float | None) 
     ]
 
 
-def num(record: Record, key: str) -> float | None:
+def num(record: RecordLine, key: str) -> float | None:
     value = record.get(key)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def timing(record: Record, key: str) -> float | None:
+def timing(record: RecordLine, key: str) -> float | None:
     timings = record.get("timings")
     return num(timings, key) if isinstance(timings, Mapping) else None
 
 
-def fed_tokens(record: Record) -> int:
+def fed_tokens(record: RecordLine) -> int:
     """Prompt tokens computed ahead of the request in pieces (`chunk` policy); 0 in older logs."""
     return int(num(record, "fed_tokens") or 0)
 
 
-def prompt_split(record: Record) -> tuple[int | None, int | None]:
+def prompt_split(record: RecordLine) -> tuple[int | None, int | None]:
     """(computed, cached) prompt tokens of the request itself: the server's `timings`, or where
     the API gives none (Anthropic messages, responses) the record's `computed_tokens` and
     `prompt_tokens` (read from `usage`)."""
@@ -124,14 +124,20 @@ def prompt_split(record: Record) -> tuple[int | None, int | None]:
     return computed, None if total is None else max(0, total - computed)
 
 
-def new_tokens(record: Record) -> float | None:
+def new_tokens(record: RecordLine) -> float | None:
     """The prompt tokens the server computed for a request: `timings.prompt_n` (or
     `computed_tokens`) plus its pieces."""
     prompt_n, _ = prompt_split(record)
     return None if prompt_n is None else prompt_n + fed_tokens(record)
 
 
-def is_turn(record: Record) -> bool:
+def overlap_tokens(overlap: Mapping[str, Any]) -> float | None:
+    """The prompt tokens an overlapping prefill computed (`new_tokens` in logs before 0.2)."""
+    value = num(overlap, "computed_tokens")
+    return num(overlap, "new_tokens") if value is None else value
+
+
+def is_turn(record: RecordLine) -> bool:
     """A generation request that completed: what the field report calls a turn."""
     return record.get("kind") in COMPLETION_KINDS and record.get("outcome") == "done"
 
@@ -153,7 +159,7 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def first_pieces(records: Iterable[Record]) -> dict[str, float]:
+def first_pieces(records: Iterable[RecordLine]) -> dict[str, float]:
     """When each request fed in pieces began its first piece (epoch s), from the others' records:
     an overlap that begins after another request's arrival (`from_ms` > 0) begins exactly when
     the prefill, i.e. the first piece, began."""
@@ -171,7 +177,7 @@ def first_pieces(records: Iterable[Record]) -> dict[str, float]:
     return found
 
 
-def record_to_span(record: Record, first_piece: Mapping[str, float] | None = None) -> Span:
+def record_to_span(record: RecordLine, first_piece: Mapping[str, float] | None = None) -> Span:
     t0 = start_of(record)
     wait, ttft = num(record, "prefill_wait_ms"), num(record, "ttft_ms")
     total = num(record, "total_ms") or 0.0
@@ -204,7 +210,7 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _segments(record: Record, t0: float) -> Iterable[Segment]:
+def _segments(record: RecordLine, t0: float) -> Iterable[Segment]:
     ttft, decode_ms = num(record, "ttft_ms"), num(record, "decode_ms")
     if ttft is None or not decode_ms:
         return
@@ -215,14 +221,16 @@ def _segments(record: Record, t0: float) -> Iterable[Segment]:
         ms, events = num(ov, "decode_ms"), num(ov, "decode_events")
         start, end = max(d0, num(ov, "from_ms") or d0), min(d1, num(ov, "to_ms") or d1)
         if ms and events is not None and end > start:
-            why = f"during prefill of {ov.get('id')} ({ov.get('new_tokens')} new tokens)"
+            tokens = overlap_tokens(ov)
+            shown = "?" if tokens is None else f"{tokens:.0f}"
+            why = f"during prefill of {ov.get('id')} ({shown} new tokens)"
             yield Segment(t0 + start / 1000, t0 + end / 1000, events / (ms / 1000), why)
 
 
 _POLICY_KEYS = ("held_ms", "pieces", "fed_tokens", "est_new_tokens", "policy_note")
 
 
-def _info(record: Record) -> tuple[tuple[str, str], ...]:
+def _info(record: RecordLine) -> tuple[tuple[str, str], ...]:
     keys = (
         "id",
         "purpose",

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 from proxy.report import record_tables, tables, task_tables
 from proxy.report.model import Report, Span
-from proxy.report.records import Record, TimingLog, first_pieces, is_turn, record_to_span
+from proxy.report.records import RecordLine, TimingLog, first_pieces, is_turn, record_to_span
 from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
 from proxy.report.tasks import Task
 
 
-def timing_report(title: str, records: Sequence[Record], log: TimingLog | None, th: Thresholds) -> Report:
+def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | None, th: Thresholds) -> Report:
     pieces = first_pieces(log.records if log is not None else records)
     spans = [record_to_span(r, pieces) for r in records]
     index = SpanIndex(spans)

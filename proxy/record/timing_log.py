@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-import orjson
+from proxy.record.schema import Record
 
 log = logging.getLogger("slotwise.timing")
 
@@ -22,17 +22,17 @@ class TimingLog:
         self._file: IO[bytes] | None = open(self.path, "ab")  # noqa: SIM115 (held open)
         self.written = 0
 
-    def write(self, record: dict[str, Any]) -> None:
-        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    def write(self, record: Record) -> None:
+        line = record.to_json()
         if self._file is None:
-            log.error("timing record %s after the log was closed", record.get("id"))
+            log.error("timing record %s after the log was closed", record.id)
             return
         try:
             self._file.write(line)
             self._file.flush()
             self.written += 1
         except OSError as exc:  # a full disk must not break the request being served
-            log.error("cannot write the timing record of %s: %s", record.get("id"), exc)
+            log.error("cannot write the timing record of %s: %s", record.id, exc)
 
     def close(self) -> None:
         if self._file is not None:

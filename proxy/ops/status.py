@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from proxy.config import config_to_dict
-from proxy.inflight import Flight, Phase
-from proxy.lifecycle import OPS, Operations
+from proxy.ops.lifecycle import OPS, Operations
+from proxy.prefill.snapshot import PolicySnapshot
+from proxy.record.flight import Flight, Phase
+from proxy.record.schema import Record
+from proxy.record.timing import percentile
 from proxy.state import STATE, ProxyState
-from proxy.timing import percentile
-from proxy.upstream_call import send
+from proxy.upstream import UpstreamCallError
 
 RECENT_S = 300.0  # the "last minutes" the page summarises
 RECENT_MAX = 5000  # records kept at most, whatever the rate
@@ -47,16 +48,13 @@ class SlotsView:
         self.task = asyncio.get_running_loop().create_task(self._fetch(state))
 
     async def _fetch(self, state: ProxyState) -> None:
-        timeout = aiohttp.ClientTimeout(total=SLOTS_TIMEOUT_S)
         try:
-            async with await send(state.session, "GET", state.upstream_url + "/slots",
-                                  timeout=timeout, headers=state.own_headers()) as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else None
-                if not isinstance(body, list):
-                    raise ValueError(f"HTTP {resp.status}, not a list of slots")
+            body = await state.upstream.get_json("/slots", timeout_s=SLOTS_TIMEOUT_S)
+            if not isinstance(body, list):
+                raise UpstreamCallError("GET /slots answered with JSON that is not a list of slots")
             self.slots, self.error = [slot_summary(s) for s in body if isinstance(s, dict)], None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.slots, self.error = [], f"GET /slots: {type(exc).__name__}: {exc}"
+        except UpstreamCallError as exc:
+            self.slots, self.error = [], str(exc)
         self.fetched_at = state.clock()
 
 
@@ -82,17 +80,17 @@ class StatusBoard:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_MAX)
         self.slots = SlotsView()
 
-    def observe_record(self, record: dict[str, Any]) -> None:
-        if record.get("kind") in (None, "other", "embeddings"):
+    def observe_record(self, record: Record) -> None:
+        if record.kind in (None, "other", "embeddings"):
             return
-        timings = record.get("timings") or {}
+        timings = record.timings or {}
         self.recent.append({
-            "at": time.time(), "id": record.get("id"), "purpose": record.get("purpose"),
-            "outcome": record.get("outcome"), "ttft_ms": record.get("ttft_ms"),
-            "gap_max_ms": record.get("gap_max_ms"), "gap_p95_ms": record.get("gap_p95_ms"),
-            "worst_3s_rate": record.get("worst_3s_rate"), "queue_ms": record.get("queue_ms"),
-            "total_ms": record.get("total_ms"), "config_gen": record.get("config_gen"),
-            "prefill_plan": record.get("prefill_plan"), "new_tokens": timings.get("prompt_n"),
+            "at": time.time(), "id": record.id, "purpose": record.purpose,
+            "outcome": record.outcome, "ttft_ms": record.ttft_ms,
+            "gap_max_ms": record.gap_max_ms, "gap_p95_ms": record.gap_p95_ms,
+            "worst_3s_rate": record.worst_3s_rate, "queue_ms": record.queue_ms,
+            "total_ms": record.total_ms, "config_gen": record.config_gen,
+            "prefill_plan": record.prefill_plan, "new_tokens": timings.get("prompt_n"),
         })
 
     def window(self, now_wall: float) -> list[dict[str, Any]]:
@@ -107,7 +105,7 @@ def flight_view(flight: Flight, now: float) -> dict[str, Any]:
         "id": flight.id, "kind": str(flight.kind), "phase": str(flight.phase),
         "stream": flight.stream, "client": flight.client, "purpose": flight.purpose,
         "age_s": round(now - timer.arrived, 2), "lora": flight.lora_out,
-        "est_new_tokens": flight.est_new_tokens, "fed_tokens": flight.fed_tokens,
+        "est_new_tokens": flight.prefill.est_new_tokens, "fed_tokens": flight.prefill.fed_tokens,
         "decoded": flight.decoded,
     }
     if flight.phase is Phase.PREFILLING:
@@ -121,7 +119,7 @@ def flight_view(flight: Flight, now: float) -> dict[str, Any]:
 
 def prefill_progress(flight: Flight, now: float) -> dict[str, Any]:
     """How far the prompt's computation is, from the server's progress chunks."""
-    new, total, done = flight.new_tokens, flight.prompt_tokens, flight.prefill_done_tokens
+    new, total, done = flight.computed_tokens, flight.prompt_tokens, flight.prefill_done_tokens
     fraction = None
     if new and total is not None and done is not None:
         fraction = round(min(max((done - (total - new)) / new, 0.0), 1.0), 3)
@@ -183,7 +181,24 @@ def snapshot(state: ProxyState, ops: Operations, board: StatusBoard) -> dict[str
         "recent": {"window_s": RECENT_S, "summary": summary(window),
                    "points": [{k: r[k] for k in ("at", "ttft_ms", "gap_max_ms", "outcome")}
                               for r in window[-300:]]},
+        "prefill": prefill_view(state.gate.snapshot()),
         "config": config_to_dict(state.config),
+    }
+
+
+def prefill_view(snap: PolicySnapshot | None) -> dict[str, Any] | None:
+    """The prefill policy: its mode, the fitted batch cost, and how the active cold prompt goes on."""
+    if snap is None:
+        return None
+    choice = snap.choice
+    return {
+        "mode": snap.mode, "waiting": len(snap.waiting), "cost": snap.cost.summary(),
+        "choice": None if choice is None else {
+            "strategy": choice.strategy.value, "piece_tokens": choice.piece_tokens,
+            "predicted_piece_ms": round(choice.predicted_piece_ms, 1),
+            "predicted_streams_share": round(choice.predicted_streams_share, 3),
+            "predicted_cold_factor": round(choice.predicted_cold_factor, 2),
+            "reason": choice.reason},
     }
 
 
@@ -213,7 +228,7 @@ def install(app: web.Application) -> None:
     async def status_ctx(app: web.Application) -> AsyncIterator[None]:
         board = StatusBoard()
         app[BOARD] = board
-        app[PAGE] = resources.files("proxy").joinpath("status_page.html").read_bytes()
+        app[PAGE] = resources.files("proxy.ops").joinpath("status_page.html").read_bytes()
         app[STATE].record_observers.append(board.observe_record)
         yield
         task = board.slots.task

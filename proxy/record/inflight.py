@@ -6,54 +6,12 @@ change. It is the one place that knows "who is generating now", and it is plain 
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-from proxy.endpoints import Kind
-from proxy.timing import RequestTimer
+from proxy.record.flight import Flight, Phase
 
 log = logging.getLogger("slotwise.inflight")
-
-
-class Phase(enum.StrEnum):
-    ARRIVED = "arrived"  # being read and estimated
-    HELD = "held"  # held or being fed in pieces by the prefill policy
-    QUEUED = "queued"  # sent upstream; no response headers yet (waiting in the server's queue)
-    PREFILLING = "prefilling"  # the server is computing its prompt
-    DECODING = "decoding"  # tokens are flowing
-    WAITING = "waiting"  # non-streamed: sent, and nothing can be seen until the answer
-    DONE = "done"
-
-
-@dataclass(eq=False)
-class Flight:
-    """One request in flight, as the registry and the record see it."""
-
-    id: str
-    kind: Kind
-    stream: bool
-    timer: RequestTimer
-    phase: Phase = Phase.ARRIVED
-    client: str | None = None
-    purpose: str | None = None
-    lora_out: Any = None
-    new_tokens: int | None = None  # prompt tokens the server computes (progress, then timings)
-    fed_tokens: int = 0  # prompt tokens computed ahead of the request, in pieces (chunk mode)
-    est_new_tokens: int | None = None
-    prefill_done_tokens: int | None = None  # the latest progress chunk's `processed` (status page)
-    prompt_tokens: int | None = None
-    prefill_start: float | None = None
-    prefill_end: float | None = None
-    decoded: int = 0
-    inflight_at_start: list[str] = field(default_factory=list)
-    prefill_peers: list[Flight] = field(default_factory=list)  # others whose prefill overlapped
-
-    def prefilling(self) -> bool:
-        """Its prompt is being computed now: by the server, or (chunk mode) in pieces fed ahead."""
-        return self.prefill_start is not None and self.prefill_end is None
 
 
 Listener = Callable[[Flight, Phase, Phase, float], None]
@@ -103,6 +61,11 @@ class Registry:
         for other in self._live.values():
             if other is not flight:
                 other.prefill_peers.append(flight)
+
+    def place_prefill(self, flight: Flight, start: float, end: float) -> None:
+        """A prefill seen only afterwards (a non-streamed answer's totals) put on the time axis."""
+        self.start_prefill(flight, start)
+        flight.prefill_end = end
 
     def finish(self, flight: Flight, now: float) -> None:
         self.move(flight, Phase.DONE, now)

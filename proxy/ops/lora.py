@@ -1,6 +1,6 @@
 """The LoRA profile, pure: the one explicit `lora` array every request gets in modes fixed and none,
 built from the `[lora]` config and the adapter list the server reports (`GET /lora-adapters`), and
-the clear errors for a config that does not fit that server. No I/O here: see `proxy.lora_watch`.
+the clear errors for a config that does not fit that server. No I/O here: see `proxy.ops.lora_watch`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.config import ConfigError, LoraAdapter, LoraConfig
-from proxy.errors import ProxyError
+from proxy.request.errors import ProxyError
 
 LoraArray = list[dict[str, Any]]
 

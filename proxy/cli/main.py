@@ -16,8 +16,8 @@ from proxy import __version__
 
 # Modules that add subcommands, in the order `slotwise --help` lists them.
 COMMAND_MODULES = (
-    "proxy.commands",
-    "proxy.demo",
+    "proxy.cli.commands",
+    "proxy.cli.demo",
     "proxy.testbed.cli",
     "proxy.bench.cli",
     "proxy.report.cli",

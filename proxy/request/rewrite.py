@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.endpoints import Kind
+from proxy.request.endpoints import Kind
 
 # Endpoints whose streams can carry `prompt_progress` chunks (llama-server's completion tasks).
 _PROGRESS_KINDS = frozenset({Kind.CHAT, Kind.COMPLETIONS, Kind.COMPLETION, Kind.INFILL})

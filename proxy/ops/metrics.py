@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from proxy.endpoints import GENERATING
-from proxy.inflight import Flight, Phase
+from proxy.prefill.snapshot import PolicySnapshot
+from proxy.prefill.strategy import Strategy
+from proxy.record.flight import Flight, Phase, PrefillPlan
+from proxy.record.schema import Record
+from proxy.request.endpoints import GENERATING
 from proxy.state import STATE, ProxyState
 
 MAX_PURPOSES = 16  # purposes come from a client header: past this many, the rest count as "other"
@@ -68,25 +70,25 @@ class Metrics:
     def labels(self, kind: str, purpose: str | None) -> tuple[str, str]:
         return kind, self.purposes.label(purpose)
 
-    def observe_record(self, record: dict[str, Any]) -> None:
+    def observe_record(self, record: Record) -> None:
         """Feed one finished timing record (a `ProxyState.record_observers` entry)."""
-        labels = self.labels(str(record.get("kind")), record.get("purpose"))
-        self.requests.labels(*labels, str(record.get("outcome"))).inc()
-        if record.get("lora_rewritten"):
+        labels = self.labels(str(record.kind), record.purpose)
+        self.requests.labels(*labels, record.outcome).inc()
+        if record.lora_rewritten:
             self.lora_rewrites.labels(*labels).inc()
-        plan = record.get("prefill_plan")
-        if plan == "held":
+        plan = record.prefill_plan
+        if plan == PrefillPlan.HELD:
             self.held.labels(*labels).inc()
-        elif plan == "chunked":
+        elif plan == PrefillPlan.CHUNKED:
             self.chunked.labels(*labels).inc()
-        if record.get("kind") not in GENERATING:
+        if record.kind not in GENERATING:
             return
-        if not (record.get("stream") and record.get("events")):  # else seen at its first token
+        if not (record.stream and record.events):  # else seen at its first token
             wait = server_queue_wait_ms(record)
             if wait is not None:
                 self.queue_wait.labels(*labels).observe(wait / 1000.0)
-            if isinstance(record.get("ttft_ms"), int | float):
-                self.ttft.labels(*labels).observe(record["ttft_ms"] / 1000.0)
+            if record.ttft_ms is not None:
+                self.ttft.labels(*labels).observe(record.ttft_ms / 1000.0)
         rate = decode_rate(record)
         if rate is not None:
             self.decode_rate.labels(*labels).observe(rate)
@@ -162,26 +164,26 @@ class LiveCollector:
         for phase, count in counts.items():
             flights.add_metric([phase.value], count)
         yield flights
+        yield from prefill_gauges(self.state.gate.snapshot())
         yield GaugeMetricFamily("slotwise_config_generation",
                                 "The config generation new requests run under (+1 per reload)",
                                 value=self.state.config_gen)
 
 
-def server_queue_wait_ms(record: dict[str, Any]) -> float | None:
+def server_queue_wait_ms(record: Record) -> float | None:
     """Streams: request sent -> headers. Non-streamed: the derived wait minus slotwise's own time."""
-    if record.get("stream"):
-        value = record.get("queue_ms")
-        return float(value) if isinstance(value, int | float) else None
-    wait, proxy = record.get("prefill_wait_ms"), record.get("proxy_ms")
-    if isinstance(wait, int | float) and isinstance(proxy, int | float):
-        return max(float(wait) - float(proxy), 0.0)
+    if record.stream:
+        return record.queue_ms
+    wait, proxy = record.prefill_wait_ms, record.proxy_ms
+    if wait is not None and proxy is not None:
+        return max(wait - proxy, 0.0)
     return None
 
 
-def decode_rate(record: dict[str, Any]) -> float | None:
+def decode_rate(record: Record) -> float | None:
     """Token events per second between the first and the last event."""
-    events, decode_ms = record.get("events"), record.get("decode_ms")
-    if not isinstance(events, int) or events < 2 or not isinstance(decode_ms, int | float):
+    events, decode_ms = record.events, record.decode_ms
+    if events < 2 or decode_ms is None:
         return None
     return (events - 1) / (decode_ms / 1000.0) if decode_ms > 0 else None
 
@@ -208,3 +210,29 @@ def install(app: web.Application) -> None:
     app.cleanup_ctx.append(metrics_ctx)
     app.router.add_get("/metrics", serve_metrics)
 
+
+COST_PARTS = (("fixed", "fixed_ms"), ("per_token", "per_token_ms"),
+              ("per_token_per_kctx", "per_token_per_kctx_ms"), ("per_decoder", "per_decoder_ms"))
+
+
+def prefill_gauges(snap: PolicySnapshot | None) -> Iterable[Metric]:
+    """The fitted batch cost, how well it fits, and how the active cold prompt goes on."""
+    if snap is None:
+        return
+    cost = GaugeMetricFamily("slotwise_prefill_batch_cost_ms",
+                             "The fitted batch-cost model: ms per batch (fixed), per prompt token, per "
+                             "token per 1k tokens of context, per decoding slot", labels=["part"])
+    for label, attr in COST_PARTS:
+        cost.add_metric([label], getattr(snap.cost.cost, attr))
+    yield cost
+    if snap.cost.median_error is not None:
+        yield GaugeMetricFamily("slotwise_prefill_batch_cost_error",
+                                "Median relative error of the batch-cost model's recent predictions",
+                                value=snap.cost.median_error)
+    chosen = GaugeMetricFamily("slotwise_prefill_strategy",
+                               "How the cold prompt being fed goes on now (1 for the strategy in use)",
+                               labels=["strategy"])
+    for strategy in Strategy:
+        chosen.add_metric([strategy.value], 1.0 if snap.choice and snap.choice.strategy is strategy
+                          else 0.0)
+    yield chosen

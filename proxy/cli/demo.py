@@ -19,15 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.bench.harness import SlotwiseProcess, StreamResult, temp_dir
+from proxy.bench.output import figures_table, print_table
+from proxy.testbed.words import filler
 
 Felt = tuple[str, StreamResult]
 """One user's turn as the user saw it."""
-
-WORDS = (
-    "river", "stone", "lantern", "quiet", "market", "harbor", "winter", "letter", "garden",
-    "window", "bridge", "candle", "forest", "mirror", "silver", "thunder", "meadow", "orchard",
-)
-
 
 def register(subparsers: Any) -> None:
     demo = subparsers.add_parser("demo", help="watch slotwise keep replies flowing (testbed)")
@@ -46,7 +42,7 @@ def history(words: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     turns = []
     for i in range(max(2, words // 60)):
-        text = " ".join(rng.choice(WORDS) for _ in range(60))
+        text = filler(rng, 60)
         turns.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
     turns.append({"role": "user", "content": "So, where were we?"})
     return turns
@@ -91,7 +87,7 @@ def run_once(server_url: str, work: Path, mode: str, cold_words: int
 
 
 def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"timing records, prefill mode '{mode}'")
+    table = figures_table(f"timing records, prefill mode '{mode}'")
     columns = ("client", "purpose", "prompt tok", "new tok", "queue ms", "ttft ms", "events",
                "gap max ms", "worst 3s /s", "during cold /s", "plan")
     for column in columns:
@@ -108,8 +104,10 @@ def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
 
 
 def rate_during_cold(rec: dict[str, Any], cold: int = 1000) -> float | None:
-    """This request's token rate while another request computed a cold prompt."""
-    inside = [o for o in rec.get("overlaps", []) if (o.get("new_tokens") or 0) >= cold]
+    """This request's token rate while another request computed a cold prompt (the overlap's
+    `computed_tokens`; `new_tokens` in older logs)."""
+    inside = [o for o in rec.get("overlaps", [])
+              if (o.get("computed_tokens", o.get("new_tokens")) or 0) >= cold]
     ms = sum(o["decode_ms"] for o in inside)
     return sum(o["decode_events"] for o in inside) / (ms / 1000.0) if ms > 0 else None
 
@@ -134,8 +132,8 @@ def run_demo(args: argparse.Namespace) -> int:
                      log_path=work / "llama-server.log") as server:
         results = {mode: run_once(server.url, work, mode, args.cold_words) for mode in modes}
     for mode, (records, _) in results.items():
-        console.print(records_table(mode, records))
-    console.print(summary_table({mode: felt for mode, (_, felt) in results.items()}))
+        print_table(records_table(mode, records), console)
+    print_table(summary_table({mode: felt for mode, (_, felt) in results.items()}), console)
     console.print(f"[dim]timing logs: {work}/slotwise-*/timing.jsonl; llama-server log: "
                   f"{work}/llama-server.log[/dim]")
     return 0
@@ -144,7 +142,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def summary_table(results: dict[str, list[Felt]]) -> Table:
     """What the users felt, measured at the client: the streams during dan's cold prompt (from
     its arrival to its first token), eve's short turns, and dan's own wait."""
-    table = Table(title="side by side: what the users felt while dan's history was read")
+    table = figures_table("side by side: what the users felt while dan's history was read")
     table.add_column("figure")
     for mode in results:
         table.add_column(f"prefill {mode}", justify="right")

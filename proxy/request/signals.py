@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from proxy.endpoints import Kind
-from proxy.sse import SseEvent
-from proxy.usage import prompt_counts
+from proxy.request.endpoints import Kind
+from proxy.request.sse import SseEvent
+from proxy.request.usage import prompt_counts
 
 
 class What(enum.Enum):
@@ -30,7 +30,7 @@ class Signal:
     progress: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     prompt_tokens: int | None = None  # from `usage`, when the event carries it
-    new_tokens: int | None = None  # the prompt tokens computed (not cached), from `usage`
+    computed_tokens: int | None = None  # the prompt tokens computed (not cached), from `usage`
     error: str | None = None
     final: bool = False  # the native final object (`stop: true`)
 
@@ -59,12 +59,12 @@ def interpret(kind: Kind, event: SseEvent) -> Signal:
     if isinstance(progress, dict):
         return Signal(What.PROGRESS, progress=progress, timings=timings)
     has_text = _HAS_TEXT.get(kind, _any_data)(obj)
-    prompt_tokens, new_tokens = prompt_counts(kind, obj)
+    prompt_tokens, computed_tokens = prompt_counts(kind, obj)
     return Signal(
         What.TOKEN if has_text else What.NOTHING,
         timings=timings,
         prompt_tokens=prompt_tokens,
-        new_tokens=new_tokens,
+        computed_tokens=computed_tokens,
         final=obj.get("stop") is True,
     )
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
-import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.background import background
 from proxy.config import Config
-from proxy.lora import (
+from proxy.ops.background import background
+from proxy.ops.lora import (
     LoraArray,
     LoraConfigError,
     LoraListError,
@@ -28,7 +27,7 @@ from proxy.lora import (
     parse_server_adapters,
 )
 from proxy.state import STATE, ProxyState
-from proxy.upstream_call import send
+from proxy.upstream import UpstreamCallError, UpstreamClient
 
 log = logging.getLogger("slotwise.lora")
 
@@ -44,59 +43,49 @@ class Unreachable(Exception):
     """The adapter list cannot be read now (down, loading, slow); worth retrying."""
 
 
-async def fetch_adapters(session: aiohttp.ClientSession, url: str,
-                         timeout_s: float = FETCH_TIMEOUT_S, *,
-                         headers: Mapping[str, str] | None = None) -> tuple[ServerAdapter, ...]:
+async def fetch_adapters(upstream: UpstreamClient,
+                         timeout_s: float = FETCH_TIMEOUT_S) -> tuple[ServerAdapter, ...]:
     """The upstream's adapters; Unreachable if it cannot answer now, LoraListError if it answers
-    with something that is not an adapter list. `headers`: slotwise's own (the API key)."""
-    where = f"GET {url}/lora-adapters"
+    with something that is not an adapter list."""
     try:
-        async with await send(session, "GET", url + "/lora-adapters",
-                              headers={**(headers or {}), "Accept-Encoding": "identity"},
-                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            status, body = response.status, await response.read()
-    except TimeoutError as exc:
-        raise Unreachable(f"{where}: no answer within {timeout_s:g} s") from exc
-    except aiohttp.ClientError as exc:
-        raise Unreachable(f"{where}: {type(exc).__name__}: {exc}") from exc
-    if status == 503:
-        raise Unreachable(f"{where}: HTTP 503 (the server is still loading its model)")
-    if status != 200:
-        raise LoraListError(f"{where} answered HTTP {status}: {body[:200].decode(errors='replace')}")
+        answer = await upstream.get_json("/lora-adapters", timeout_s=timeout_s)
+    except UpstreamCallError as exc:
+        if exc.status is None:
+            raise Unreachable(str(exc)) from exc
+        if exc.status == 503:
+            raise Unreachable(f"{exc} (the server is still loading its model)") from exc
+        raise LoraListError(str(exc)) from exc
     try:
-        return parse_server_adapters(orjson.loads(body))
-    except (orjson.JSONDecodeError, LoraListError) as exc:
-        raise LoraListError(f"{where}: not an adapter list: {exc}") from exc
+        return parse_server_adapters(answer)
+    except LoraListError as exc:
+        raise LoraListError(f"GET /lora-adapters: not an adapter list: {exc}") from exc
 
 
-async def set_global_scales(session: aiohttp.ClientSession, url: str, array: LoraArray,
-                            timeout_s: float = FETCH_TIMEOUT_S, *,
-                            headers: Mapping[str, str] | None = None) -> None:
+async def set_global_scales(upstream: UpstreamClient, array: LoraArray,
+                            timeout_s: float = FETCH_TIMEOUT_S) -> None:
     """`POST /lora-adapters`: make the server's global scales the profile (logged, never raised)."""
     try:
-        async with await send(session, "POST", url + "/lora-adapters", json=array,
-                              headers={**(headers or {}), "Accept-Encoding": "identity"},
-                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            status, body = response.status, await response.read()
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        log.warning("cannot set the upstream's global LoRA scales (will retry): %s: %s",
-                    type(exc).__name__, exc)
-        return
-    if status != 200:
-        log.warning("POST %s/lora-adapters answered HTTP %d: %s", url, status,
-                    body[:200].decode(errors="replace"))
+        await upstream.post_json("/lora-adapters", array, timeout_s=timeout_s)
+    except UpstreamCallError as exc:
+        log.warning("cannot set the upstream's global LoRA scales (will retry): %s", exc)
         return
     log.info("set the upstream's global LoRA scales to the profile: %s", orjson.dumps(array).decode())
 
 
-async def _sync_global(state: ProxyState, profile: LoraProfile, url: str,
-                       server: tuple[ServerAdapter, ...]) -> None:
+def _upstream_of(state: ProxyState, config: Config) -> UpstreamClient:
+    """The upstream `config` names, with its key: one read and its follow-up stay on one server
+    even if a reload changes the URL meanwhile."""
+    return state.upstream.aimed_at(config.upstream.url, config.upstream.auth_headers())
+
+
+async def _sync_global(state: ProxyState, profile: LoraProfile, upstream: UpstreamClient,
+                       url: str, server: tuple[ServerAdapter, ...]) -> None:
     try:
         array = profile.array(state.config.lora, url, server)
     except LoraConfigError:
         return
     if array is not None and global_differs(array, server):
-        await set_global_scales(state.session, url, array, headers=state.own_headers())
+        await set_global_scales(upstream, array)
 
 
 def _not_a_list(config: Config, exc: LoraListError) -> LoraConfigError:
@@ -107,9 +96,9 @@ def _not_a_list(config: Config, exc: LoraListError) -> LoraConfigError:
 
 async def refresh(state: ProxyState, profile: LoraProfile) -> bool:
     """Re-read the adapter list; log what changed. False if it could not be read."""
-    url = state.upstream_url
+    url, upstream = state.upstream_url, _upstream_of(state, state.config)
     try:
-        server = await fetch_adapters(state.session, url, headers=state.own_headers())
+        server = await fetch_adapters(upstream)
     except (Unreachable, LoraListError) as exc:
         if not profile.problem:
             log.warning("cannot read the LoRA adapters of the upstream (will retry): %s", exc)
@@ -117,7 +106,7 @@ async def refresh(state: ProxyState, profile: LoraProfile) -> bool:
         return False
     if profile.update(url, server):
         _log_profile(state.config, profile, url, server)
-    await _sync_global(state, profile, url, server)
+    await _sync_global(state, profile, upstream, url, server)
     return True
 
 
@@ -146,9 +135,9 @@ async def first_read(state: ProxyState, profile: LoraProfile) -> None:
     """At start: a reachable upstream whose adapters do not fit the config stops the start with
     LoraConfigError; an unreachable one is retried in the background."""
     config = state.config
+    upstream = _upstream_of(state, config)
     try:
-        server = await fetch_adapters(state.session, config.upstream.url,
-                                      headers=config.upstream.auth_headers())
+        server = await fetch_adapters(upstream)
     except Unreachable as exc:
         profile.unreadable(str(exc))
         log.warning("lora.mode %r: cannot read the upstream's LoRA adapters yet (%s); model "
@@ -159,7 +148,7 @@ async def first_read(state: ProxyState, profile: LoraProfile) -> None:
     profile.update(config.upstream.url, server)
     profile.array(config.lora, config.upstream.url, server)
     _log_profile(config, profile, config.upstream.url, server)
-    await _sync_global(state, profile, config.upstream.url, server)
+    await _sync_global(state, profile, upstream, config.upstream.url, server)
 
 
 async def check_reload(state: ProxyState, profile: LoraProfile, new: Config) -> None:
@@ -168,8 +157,7 @@ async def check_reload(state: ProxyState, profile: LoraProfile, new: Config) -> 
         return
     url = new.upstream.url
     try:
-        server: tuple[ServerAdapter, ...] | None = await fetch_adapters(
-            state.session, url, headers=new.upstream.auth_headers())
+        server: tuple[ServerAdapter, ...] | None = await fetch_adapters(_upstream_of(state, new))
     except Unreachable:
         server = profile.known(url)
     except LoraListError as exc:

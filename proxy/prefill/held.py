@@ -1,4 +1,4 @@
-"""The plan for the one cold request the policy is holding or feeding: how far its pieces got, and
+"""The one cold request the policy is holding or feeding (its plan): how far its pieces got, and
 how its release is worded. Pure data with a little arithmetic; the policy decides."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from proxy.prefill.events import Admit, Arrived, Forward
 from proxy.prefill.snapshot import ChunkProgress
+from proxy.prefill.strategy import PieceChoice, Strategy
 
 
 @dataclass
-class Plan:
+class HeldRequest:
     req: Arrived
     done_upto: int
     """Prompt tokens the server holds already (cached at arrival, then fed)."""
@@ -20,18 +21,28 @@ class Plan:
     """The prefix a piece in flight computes; None between pieces."""
     next_piece_at: float = 0.0
     pieces_done: int = 0
+    choice: PieceChoice | None = None
+    """`chunk`: how the batch cost said it should go on, last time it was asked."""
+    hold_until: float | None = None
+    """`chunk`: held until then because no piece size helped (the strategy's HOLD)."""
 
     @classmethod
-    def for_request(cls, req: Arrived, max_hold_s: float) -> Plan:
+    def for_request(cls, req: Arrived, max_hold_s: float) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
         return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s)
 
     def release(self, why: str) -> Admit | Forward:
-        """Admit if no piece was fed, else Forward; the reason says how far the feeding got."""
+        """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and
+        why the batch cost chose larger pieces or a hold if it did."""
         if self.pieces_done == 0:
-            return Admit(self.req.req_id, f"cold, {why}")
-        return Forward(self.req.req_id,
-                       f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)")
+            text = f"cold, {why}"
+        else:
+            text = f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)"
+        choice = self.choice
+        if choice is not None and choice.strategy in (Strategy.LARGER_PIECES, Strategy.HOLD):
+            text += f"; {choice.strategy.value}: {choice.reason}"
+        return Admit(self.req.req_id, text) if self.pieces_done == 0 else Forward(self.req.req_id,
+                                                                                   text)
 
     def progress(self) -> ChunkProgress:
         return ChunkProgress(

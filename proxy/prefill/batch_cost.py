@@ -1,0 +1,249 @@
+"""What one batch of prompt tokens costs on this server: a four-coefficient model fitted online.
+
+Pure: observations in, predictions out; no clock, no I/O, no log. The strategy (`strategy.py`) sizes
+pieces with it; the policy owns the only instance and feeds it every piece and every finished prefill.
+
+The form: a batch of n new tokens after a prefix of x tokens, with d other slots decoding, takes
+
+    t(n, x, d) = a + b·n + c·n·(x + n/2)/1000 + e·d      (ms)
+
+a: the fixed part (reading the weights, thread start-up); b: per token (the matmuls); c: attention,
+per token per 1,000 tokens it attends to (token j of the batch attends to x + j, n/2 on average);
+e: per decoding slot in the same batch. A prompt of N tokens after x cached, computed in
+k = ceil(N / n_batch) batches, takes k·(a + e·d) + b·N + c·N·(x + N/2)/1000: the attention sum does
+not depend on how the prompt is cut, so a finished prefill is one linear observation like a piece.
+
+The fit: non-negative least squares over the last `window` observations, each weighted by
+`forgetting`**age and its error measured relative to its time (a 2 s batch and a 20 ms one count
+alike; see `Sample.scale`). The prior enters as a few imagined batches of small weight, scaled first
+to the samples' level (a busy machine is slower at everything): where the samples do not tell the
+coefficients apart (every piece the same size, say) the fit keeps the prior's proportions, and with
+no sample it is the prior.
+When `shift_run` observations in a row come out more than `shift_ratio` times off the prediction, all
+in the same direction, the machine has changed (another process took the cores): the older samples are
+dropped, so the model follows within that many observations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+import numpy as np
+import numpy.typing as npt
+
+Row = tuple[float, float, float, float]
+"""One observation's features, in the order of the coefficients a, b, c, e."""
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """The coefficients; all non-negative."""
+
+    fixed_ms: float
+    """a: per batch, whatever its size."""
+    per_token_ms: float
+    """b: per prompt token in the batch."""
+    per_token_per_kctx_ms: float
+    """c: per prompt token and per 1,000 tokens of context it attends to."""
+    per_decoder_ms: float
+    """e: per other slot decoding one token in the same batch."""
+
+    def batch_ms(self, tokens: int, ctx: int, decoders: int = 0) -> float:
+        """One batch of `tokens` new tokens after `ctx` tokens already in the slot."""
+        return self.time_ms(batch_row(tokens, ctx, decoders))
+
+    def prompt_ms(self, tokens: int, ctx: int, n_batch: int, decoders: int = 0) -> float:
+        """`tokens` new tokens after `ctx` cached, computed in batches of at most `n_batch`."""
+        return self.time_ms(prompt_row(tokens, ctx, n_batch, decoders))
+
+    def as_tuple(self) -> Row:
+        return (self.fixed_ms, self.per_token_ms, self.per_token_per_kctx_ms, self.per_decoder_ms)
+
+    def time_ms(self, row: Row) -> float:
+        """The time of an observation with these features (`batch_row`, `prompt_row`)."""
+        return sum(x * k for x, k in zip(row, self.as_tuple(), strict=True))
+
+
+PRIOR = BatchCost(fixed_ms=20.0, per_token_ms=2.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
+"""Before any measurement: 64 tokens in ~150 ms, about the old default of 500 tokens/s."""
+
+PRIOR_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (64, 0, 0), (512, 0, 0), (2048, 0, 0), (512, 8192, 0), (64, 0, 8))
+"""The imagined batches (tokens, ctx, decoders) that carry the prior: together they tell all four
+coefficients apart, so every fit has a single answer."""
+
+
+def batch_row(tokens: int, ctx: int, decoders: int = 0) -> Row:
+    return (1.0, float(tokens), tokens * (ctx + tokens / 2) / 1000.0, float(decoders))
+
+
+def prompt_row(tokens: int, ctx: int, n_batch: int, decoders: int = 0) -> Row:
+    batches = max(1, math.ceil(tokens / max(1, n_batch)))
+    return (float(batches), float(tokens), tokens * (ctx + tokens / 2) / 1000.0,
+            float(batches * decoders))
+
+
+@dataclass(frozen=True)
+class Sample:
+    row: Row
+    ms: float
+    scale: float
+    """Its error counts relative to this: the larger of the time observed and the time predicted
+    when it came, so a sample far below the prediction (a fluke, or a change not yet confirmed)
+    pulls no harder than one far above it."""
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """The model as it stands, for a status page, `/metrics` and the log."""
+
+    cost: BatchCost
+    source: str
+    """`prior` (nothing measured yet, or everything dropped) or `fitted`."""
+    samples: int
+    """Observations accepted since the start."""
+    in_fit: int
+    """Observations the current fit is made of (the window, after any shift)."""
+    ignored: int
+    """Observations refused (no tokens, no time, not a number)."""
+    shifts: int
+    """Times the machine was seen to change and older samples were dropped."""
+    median_error: float | None
+    """Median of |observed / predicted - 1| over recent observations, each predicted before it was
+    seen (None before the first)."""
+
+    def summary(self) -> str:
+        c = self.cost
+        err = "no error yet" if self.median_error is None else f"median error {self.median_error:.0%}"
+        return (f"batch ≈ {c.fixed_ms:.1f} ms + {c.per_token_ms:.3f} ms/token"
+                f" + {c.per_token_per_kctx_ms:.3f} ms/token per 1k ctx + {c.per_decoder_ms:.2f} ms/decoder"
+                f" ({self.source}, {self.in_fit} of {self.samples} samples, {err})")
+
+
+class BatchCostModel:
+    """The fitted batch cost; `observe_*` learn, `cost` predicts, `describe` reports."""
+
+    def __init__(self, prior: BatchCost = PRIOR, *, window: int = 48, forgetting: float = 0.97,
+                 prior_weight: float = 0.01, shift_run: int = 3, shift_ratio: float = 2.0,
+                 error_window: int = 32) -> None:
+        if window < shift_run or shift_run < 1 or not 0 < forgetting <= 1:
+            raise ValueError(f"need window >= shift_run >= 1 and 0 < forgetting <= 1, got "
+                             f"{window}, {shift_run}, {forgetting}")
+        if min(prior.as_tuple()) < 0 or prior.fixed_ms <= 0 or prior_weight <= 0 or shift_ratio <= 1:
+            raise ValueError("need a non-negative prior with fixed_ms > 0, prior_weight > 0 and "
+                             "shift_ratio > 1")
+        self._prior = prior
+        self._forgetting, self._prior_weight = forgetting, prior_weight
+        self._shift_run, self._shift_ratio = shift_run, shift_ratio
+        self._samples: deque[Sample] = deque(maxlen=window)
+        self._ratios: deque[float] = deque(maxlen=shift_run)
+        self._errors: deque[float] = deque(maxlen=error_window)
+        self._cost = prior
+        self._accepted = self._ignored = self._shifts = 0
+
+    @property
+    def cost(self) -> BatchCost:
+        return self._cost
+
+    def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float, decoders: int = 0) -> None:
+        """A piece of `tokens` after `ctx` tokens in its slot took one batch of `elapsed_ms` (the
+        server's `timings.prompt_ms` when known: wall time also counts the wait for a batch in flight)."""
+        if tokens < 1 or ctx < 0 or decoders < 0:
+            self._ignored += 1
+            return
+        self._observe(batch_row(tokens, ctx, decoders), elapsed_ms)
+
+    def observe_prefill(self, prompt_n: int, cache_n: int, prompt_ms: float, n_batch: int,
+                        decoders: int = 0) -> None:
+        """A finished request computed `prompt_n` tokens after `cache_n` cached in `prompt_ms`
+        (the server's timings), in batches of at most `n_batch`."""
+        if prompt_n < 1 or cache_n < 0 or n_batch < 1 or decoders < 0:
+            self._ignored += 1
+            return
+        self._observe(prompt_row(prompt_n, cache_n, n_batch, decoders), prompt_ms)
+
+    def describe(self) -> CostFit:
+        return CostFit(
+            cost=self._cost, source="fitted" if self._samples else "prior",
+            samples=self._accepted, in_fit=len(self._samples), ignored=self._ignored,
+            shifts=self._shifts,
+            median_error=median(abs(e) for e in self._errors) if self._errors else None)
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _observe(self, row: Row, elapsed_ms: float) -> None:
+        if not math.isfinite(elapsed_ms) or elapsed_ms <= 0:
+            self._ignored += 1
+            return
+        predicted = max(self._cost.time_ms(row), 1e-9)
+        ratio = elapsed_ms / predicted
+        self._errors.append(ratio - 1.0)
+        self._ratios.append(ratio)
+        sample = Sample(row, elapsed_ms, max(elapsed_ms, predicted))
+        if self._shifted():
+            self._forget_before_shift()
+            sample = Sample(row, elapsed_ms, elapsed_ms)
+        self._samples.append(sample)
+        self._accepted += 1
+        self._cost = self._fit()
+
+    def _shifted(self) -> bool:
+        r = self._ratios
+        return len(r) == r.maxlen and (min(r) > self._shift_ratio or max(r) < 1 / self._shift_ratio)
+
+    def _forget_before_shift(self) -> None:
+        """Keep only the samples of the run that showed the shift (its newest is added next); they
+        are the new regime, so each is measured relative to itself from now on."""
+        keep = list(self._samples)[-(self._shift_run - 1):] if self._shift_run > 1 else []
+        self._samples.clear()
+        self._samples.extend(Sample(s.row, s.ms, s.ms) for s in keep)
+        self._ratios.clear()
+        self._shifts += 1
+
+    def _fit(self) -> BatchCost:
+        rows, ys, weights = self._system()
+        a, b, c, e = (float(v) for v in nonnegative_lstsq(rows * weights[:, None], ys * weights))
+        return BatchCost(a, b, c, e)
+
+    def _system(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The weighted rows: the samples (the newest weighs 1) and the prior's batches, the prior
+        scaled first to the samples' level (a busy machine is slower at everything)."""
+        samples = list(self._samples)
+        n = len(samples)
+        level = median(s.ms / self._prior.time_ms(s.row) for s in samples) if samples else 1.0
+        prior_rows = [batch_row(*shape) for shape in PRIOR_SHAPES]
+        prior_ys = [level * self._prior.time_ms(r) for r in prior_rows]
+        rows = np.array([s.row for s in samples] + prior_rows, dtype=np.float64)
+        ys = np.array([s.ms for s in samples] + prior_ys, dtype=np.float64)
+        weights = np.array([self._forgetting ** (n - 1 - i) / s.scale for i, s in enumerate(samples)]
+                           + [self._prior_weight / y for y in prior_ys], dtype=np.float64)
+        return rows, ys, weights
+
+
+def nonnegative_lstsq(a: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """argmin |a·x - y| subject to x >= 0, for a few columns: the unconstrained solution on every set
+    of free columns (the rest held at 0), the best one that is non-negative. Exact when `a` has full
+    column rank (the prior's rows see to that): the optimum is the least-squares solution on its own
+    support, and every other candidate tried is a feasible point, so none beats it."""
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = a / scale
+    best, best_cost = np.zeros(a.shape[1]), float(np.sum(y * y))
+    for free in itertools.product((False, True), repeat=a.shape[1]):
+        cols = [j for j, f in enumerate(free) if f]
+        if not cols:
+            continue
+        sol = np.linalg.lstsq(scaled[:, cols], y, rcond=None)[0]
+        if np.any(sol < 0):
+            continue
+        x = np.zeros(a.shape[1])
+        x[cols] = sol
+        cost = float(np.sum((scaled @ x - y) ** 2))
+        if cost < best_cost:
+            best, best_cost = x, cost
+    result: npt.NDArray[np.float64] = best / scale
+    return result

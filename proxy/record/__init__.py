@@ -1,0 +1,4 @@
+"""What slotwise knows about each request: the facts of one request in flight (`flight`), who is in
+flight now (`inflight`), the clock readings (`timing`), the typed record made at its end (`schema`)
+and the log it is written to (`timing_log`).
+"""

@@ -1,0 +1,207 @@
+"""The batch-cost model: its form, its prior, and its fit to synthetic cost shapes.
+
+Observations are generated from a known `BatchCost` (exactly, or with seeded noise) and fed in; the
+fit is checked against that truth. No server, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel, nonnegative_lstsq
+
+CPU = BatchCost(fixed_ms=15.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0)
+"""The testbed's CPU (docs/prefill.md, `bench pieces`): reading the prefix dominates; 64 tokens after
+a 3,000-token prefix take ~183 ms."""
+GPU = BatchCost(fixed_ms=20.0, per_token_ms=0.02, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
+"""A small batch costs about one decode step; a 2,048-token one ~61 ms."""
+BUSY = BatchCost(fixed_ms=1500.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0)
+"""The CPU with another process on its cores: every batch starts with 1.5 s."""
+
+PIECES = [(n, ctx, d) for n in (64, 128, 256, 512, 1024) for ctx in (0, 1000, 3000, 6000) for d in (0, 3)]
+PREFILLS = [(3300, 0, 2048), (40, 2000, 2048), (9600, 500, 2048)]
+GRID = [(n, ctx, 3) for n in (64, 256, 2048) for ctx in (0, 3000, 9000)]
+
+
+def feed(model: BatchCostModel, truth: BatchCost, count: int, *, noise: float = 0.0,
+         seed: int = 1) -> None:
+    """`count` observations of `truth`: the piece shapes in turn, every fifth a finished prefill."""
+    rng = random.Random(seed)
+    for i in range(count):
+        jitter = 1.0 + rng.uniform(-noise, noise)
+        if i % 5 == 4:
+            n, cached, n_batch = PREFILLS[i // 5 % len(PREFILLS)]
+            model.observe_prefill(n, cached, truth.prompt_ms(n, cached, n_batch) * jitter, n_batch)
+        else:
+            n, ctx, d = PIECES[i % len(PIECES)]
+            model.observe_piece(n, ctx, truth.batch_ms(n, ctx, d) * jitter, d)
+
+
+def fitted(truth: BatchCost, count: int = 60, *, noise: float = 0.0, seed: int = 1) -> BatchCostModel:
+    model = BatchCostModel()
+    feed(model, truth, count, noise=noise, seed=seed)
+    return model
+
+
+def worst_error(model: BatchCostModel, truth: BatchCost) -> float:
+    return max(abs(model.cost.batch_ms(*s) / truth.batch_ms(*s) - 1) for s in GRID)
+
+
+class TestForm:
+    def test_one_batch(self) -> None:
+        cost = BatchCost(10.0, 2.0, 0.5, 3.0)
+        # 10 + 2·100 + 0.5·100·(1000 + 50)/1000 + 3·4
+        assert cost.batch_ms(100, 1000, 4) == pytest.approx(10 + 200 + 52.5 + 12)
+
+    def test_the_docs_piece_after_a_3000_token_prefix(self) -> None:
+        assert CPU.batch_ms(64, 3000, 3) == pytest.approx(183, abs=2)
+
+    def test_a_prompt_is_the_sum_of_its_batches(self) -> None:
+        cost = BatchCost(10.0, 2.0, 0.5, 3.0)
+        done, total = 700, 0.0
+        for n in (512, 512, 176):
+            total += cost.batch_ms(n, done, 2)
+            done += n
+        assert cost.prompt_ms(1200, 700, 512, 2) == pytest.approx(total)
+
+
+class TestPrior:
+    def test_before_any_sample_the_prior_rules(self) -> None:
+        model = BatchCostModel()
+        fit = model.describe()
+        assert model.cost == PRIOR
+        assert (fit.source, fit.samples, fit.in_fit, fit.median_error) == ("prior", 0, 0, None)
+
+    def test_prior_is_about_the_old_500_tokens_per_second(self) -> None:
+        assert 256 / PRIOR.batch_ms(256, 0) * 1000 == pytest.approx(500, rel=0.05)
+
+    def test_one_sample_moves_the_fit_through_it(self) -> None:
+        model = BatchCostModel()
+        model.observe_piece(64, 0, GPU.batch_ms(64, 0))
+        assert model.cost.batch_ms(64, 0) == pytest.approx(GPU.batch_ms(64, 0), rel=0.05)
+        assert model.describe().source == "fitted"
+
+    def test_alike_samples_keep_the_priors_proportions(self) -> None:
+        # every piece 64 tokens: the fixed and per-token parts cannot be told apart by the samples.
+        model = BatchCostModel()
+        for ctx in range(0, 3300, 64):
+            model.observe_piece(64, ctx, BUSY.batch_ms(64, ctx))
+        cost = model.cost
+        assert model.cost.batch_ms(64, 2000) == pytest.approx(BUSY.batch_ms(64, 2000), rel=0.02)
+        assert cost.fixed_ms > 0 and cost.per_token_ms > 0
+        assert cost.fixed_ms / (64 * cost.per_token_ms) == pytest.approx(
+            PRIOR.fixed_ms / (64 * PRIOR.per_token_ms), rel=0.5)
+
+
+class TestFit:
+    @pytest.mark.parametrize("truth", [CPU, GPU, BUSY], ids=["cpu", "gpu", "busy"])
+    def test_recovers_the_shape(self, truth: BatchCost) -> None:
+        model = fitted(truth)
+        assert worst_error(model, truth) < 0.02
+        assert model.cost.fixed_ms == pytest.approx(truth.fixed_ms, rel=0.1, abs=1.0)
+        assert model.cost.per_token_ms == pytest.approx(truth.per_token_ms, rel=0.1)
+
+    def test_gpu_fixed_part_dominates_small_batches(self) -> None:
+        cost = fitted(GPU).cost
+        assert cost.batch_ms(2048, 0) < 3 * cost.batch_ms(64, 0)
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_noisy_samples_fit_within_the_noise(self, seed: int) -> None:
+        # ±20 % on every sample; the grid reaches past the samples (2,048 tokens, a 9,000 prefix).
+        assert worst_error(fitted(CPU, 120, noise=0.2, seed=seed), CPU) < 0.2
+
+
+class TestNonNegative:
+    @pytest.mark.parametrize("seed", range(8))
+    def test_coefficients_never_negative_under_noise(self, seed: int) -> None:
+        no_fixed = BatchCost(0.0, 1.0, 0.3, 0.0)
+        model = BatchCostModel()
+        feed(model, no_fixed, 80, noise=0.4, seed=seed)
+        assert min(model.cost.as_tuple()) >= 0
+
+    def test_solver_clamps_at_zero(self) -> None:
+        # unconstrained: x = (1, -1); with x >= 0 the best is (1, 0).
+        x = nonnegative_lstsq(np.eye(2), np.array([1.0, -1.0]))
+        assert x == pytest.approx([1.0, 0.0])
+
+    def test_solver_matches_least_squares_when_that_is_non_negative(self) -> None:
+        rng = np.random.default_rng(3)
+        a = rng.uniform(0.5, 2.0, size=(12, 4))
+        truth = np.array([3.0, 0.5, 2.0, 0.1])
+        assert nonnegative_lstsq(a, a @ truth) == pytest.approx(truth)
+
+
+class TestFitQuality:
+    def test_exact_shape_has_small_error(self) -> None:
+        fit = fitted(CPU, 80).describe()
+        assert fit.median_error is not None and fit.median_error < 0.01
+        assert (fit.samples, fit.in_fit) == (80, 48)
+
+    def test_noise_shows_in_the_error(self) -> None:
+        fit = fitted(CPU, 120, noise=0.3).describe()
+        assert fit.median_error is not None and 0.05 < fit.median_error < 0.3
+
+    def test_summary_names_the_coefficients_and_the_error(self) -> None:
+        text = fitted(GPU).describe().summary()
+        assert text.startswith("batch ≈ 20.0 ms + 0.020 ms/token")
+        assert "(fitted, 48 of 60 samples, median error 0%)" in text
+
+
+class TestRegimeShift:
+    def test_follows_a_busy_machine_within_three_observations(self) -> None:
+        model = fitted(CPU, 40)
+        for ctx in (1000, 2000, 3000):
+            model.observe_piece(64, ctx, BUSY.batch_ms(64, ctx, 3), 3)
+        fit = model.describe()
+        assert (fit.shifts, fit.in_fit) == (1, 3)
+        for ctx in (0, 2500, 5000):
+            assert model.cost.batch_ms(64, ctx, 3) == pytest.approx(BUSY.batch_ms(64, ctx, 3), rel=0.1)
+
+    def test_then_learns_the_new_shape_from_varied_samples(self) -> None:
+        model = fitted(CPU, 40)
+        feed(model, BUSY, 20, seed=2)
+        assert worst_error(model, BUSY) < 0.02
+
+    def test_and_back(self) -> None:
+        model = fitted(BUSY, 40)
+        feed(model, CPU, 20)
+        assert model.describe().shifts == 1
+        assert worst_error(model, CPU) < 0.02
+
+    def test_one_fluke_is_no_shift_and_pulls_little(self) -> None:
+        # a batch at a tenth of its time pulls like one a time too many, not like one ten times off.
+        model = fitted(CPU, 40)
+        model.observe_piece(512, 3000, CPU.batch_ms(512, 3000) / 10)
+        feed(model, CPU, 2)
+        assert model.describe().shifts == 0
+        assert worst_error(model, CPU) < 0.15
+
+    def test_noise_is_no_shift(self) -> None:
+        fit = fitted(CPU, 200, noise=0.3, seed=5).describe()
+        assert fit.shifts == 0
+
+
+class TestIgnored:
+    @pytest.mark.parametrize("elapsed", [0.0, -5.0, math.nan, math.inf])
+    def test_bad_times_are_counted_not_learned(self, elapsed: float) -> None:
+        model = BatchCostModel()
+        model.observe_piece(64, 0, elapsed)
+        model.observe_prefill(3000, 0, elapsed, 2048)
+        assert model.cost == PRIOR
+        assert (model.describe().ignored, model.describe().samples) == (2, 0)
+
+    def test_no_tokens_is_ignored(self) -> None:
+        model = BatchCostModel()
+        model.observe_piece(0, 0, 50.0)
+        model.observe_prefill(0, 100, 50.0, 2048)
+        assert model.describe().ignored == 2
+
+    def test_bad_settings_are_errors(self) -> None:
+        with pytest.raises(ValueError, match="forgetting"):
+            BatchCostModel(forgetting=0.0)
+        with pytest.raises(ValueError, match="fixed_ms > 0"):
+            BatchCostModel(BatchCost(0.0, 1.0, 0.0, 0.0))

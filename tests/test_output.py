@@ -1,0 +1,101 @@
+"""Tables that never cut a figure: the benchmarks' and the demo's, at 80 columns and piped."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from proxy.bench.contention import Baseline
+from proxy.bench.contention_cli import estimate_table, ranges_table, render
+from proxy.bench.harness import StreamResult
+from proxy.bench.output import figures_table, print_table
+from proxy.bench.pieces import PieceCost, PieceFigures
+from proxy.bench.pieces_cli import pieces_table
+from proxy.cli.demo import records_table, summary_table
+
+
+def printed(table: Table, width: int = 80) -> str:
+    """What `print_table` writes to a console of `width` columns that is not a terminal."""
+    out = io.StringIO()
+    print_table(table, Console(file=out, width=width))
+    return out.getvalue()
+
+
+def wide_table(columns: int) -> Table:
+    table = figures_table("wide numbers")
+    table.add_column("what it is")
+    for i in range(columns):
+        table.add_column(f"figure {i}", justify="right")
+    table.add_row("a row whose label is long enough to wrap",
+                  *(f"{1_234_567.8 * (i + 1):,.1f} ms" for i in range(columns)))
+    return table
+
+
+@pytest.mark.parametrize("columns", [1, 4, 8])
+def test_wide_numbers_at_80_columns_are_never_cut(columns: int) -> None:
+    text = printed(wide_table(columns))
+    assert "…" not in text
+    assert all(f"{1_234_567.8 * (i + 1):,.1f} ms" in text for i in range(columns))
+    if columns <= 4:  # these fit: the lines stay within the 80 columns
+        assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_table_too_wide_for_the_console_is_printed_whole_not_cut() -> None:
+    text = printed(wide_table(12), width=40)
+    assert "…" not in text
+    assert all(f"{1_234_567.8 * (i + 1):,.1f} ms" in text for i in range(12))
+
+
+def record(client: str, purpose: str) -> dict[str, object]:
+    return {"start": client, "client": client, "purpose": purpose, "prompt_tokens": 32_252,
+            "timings": {"prompt_n": 13_252}, "queue_ms": 14_100.2, "ttft_ms": 110_912.3,
+            "events": 1_200, "gap_max_ms": 2_300.6, "worst_3s_rate": 45.45, "prefill_plan": "chunked",
+            "overlaps": [{"computed_tokens": 3252, "decode_ms": 2000.0, "decode_events": 90}]}
+
+
+def test_the_demo_records_table_keeps_every_figure_at_80_columns() -> None:
+    text = printed(records_table("chunk", [record("dan", "first-turn"), record("ann", "chat")]))
+    assert "…" not in text
+    for figure in ("32,252", "13,252", "14,100", "110,912", "1,200", "2,301", "45"):
+        assert text.count(figure) >= 2, figure
+
+
+def test_the_demo_summary_keeps_every_figure_at_80_columns() -> None:
+    felt = [("ann", StreamResult(sent=0.0, tokens=[0.01 * i for i in range(1, 700)])),
+            ("dan", StreamResult(sent=0.8, tokens=[110.9])),
+            ("eve", StreamResult(sent=1.2, tokens=[5.3]))]
+    text = printed(summary_table({"off": felt, "chunk": felt, "defer": felt}))
+    assert "…" not in text and text.count("110,100") == 3 and text.count("4,100") == 3
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+FIGURES = {"stream_rate": 48.1, "stream_rate_pct": 47.4, "stream_max_gap_s": 2.25,
+           "short_ttft_p50_s": 1.504, "short_ttft_p90_s": 13.637, "short_ttft_p90_x": 170.5,
+           "shorts_over_1_5x": 9, "shorts": 12, "cold_ttft_s": 114.43, "cold_ttft_x": 3.15,
+           "tokens_per_s": 12_217.5,
+           "estimates": [{"purpose": "chunked", "est_prompt": 32_264, "est_new": 32_259,
+                          "prompt_n": 130, "cache_n": 32_134, "pieces": 150, "held_ms": 110_700.0,
+                          "note": "cold, nobody generating"}]}
+
+
+def test_the_contention_tables_keep_every_figure_at_80_columns() -> None:
+    results = {path: FIGURES for path in ("direct", "defer", "chunk", "b512")}
+    bases = {"default": Baseline(101.5, [0.05, 0.052], 4.6)}
+    for table in (render(results, bases), estimate_table(results), ranges_table([results] * 2)):
+        text = printed(table)
+        assert "…" not in text
+        assert max(len(line) for line in text.splitlines()) <= 80
+    assert printed(render(results, bases)).count("170.50 ×") == 4
+    assert printed(estimate_table(results)).count("32,264") == 4
+    assert printed(ranges_table([results] * 2)).count("13.637–13.637") == 4
+
+
+def test_the_pieces_table_keeps_every_figure_at_80_columns() -> None:
+    pieces = PieceFigures(streams=3, short_prompt_ms=[35.0],
+                          pieces=[PieceCost(25_600, 123_000, 5_780.5, 6_012.3)])
+    text = printed(pieces_table(pieces, "testbed small model"))
+    assert "…" not in text
+    assert all(f in text for f in ("25,600", "123,000", "5780.5", "6012.3", "165.2 ×"))

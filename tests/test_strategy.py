@@ -1,0 +1,237 @@
+"""The piece strategy, rule by rule: each test class is one numbered rule of `choose_piece`, then the
+outlook formulas and the synthetic cost shapes end to end (observations → fitted model → choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from proxy.prefill.batch_cost import PRIOR, BatchCost
+from proxy.prefill.strategy import (
+    HOLD_COLD_FACTOR,
+    TRADE_SLACK,
+    ChunkKnobs,
+    Situation,
+    Strategy,
+    choose_piece,
+    fitting_piece,
+    hold_outlook,
+    off_outlook,
+    piece_sizes,
+    pieces_outlook,
+)
+from tests.test_batch_cost import BUSY, CPU, GPU, fitted
+
+KNOBS = ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.55, max_hold_ms=30_000.0)
+COLD = Situation(done_tokens=0, remaining_tokens=3300, decoders=3)
+"""The benchmark's cold prompt (3,300 tokens, nothing cached) beside three streams."""
+FIXED_HEAVY = BatchCost(fixed_ms=100.0, per_token_ms=0.5, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
+"""A 64-token piece fits 160 ms, but each piece pays a fixed part as large as 200 tokens."""
+SHAPES = {"cpu": CPU, "gpu": GPU, "busy": BUSY, "fixed-heavy": FIXED_HEAVY, "prior": PRIOR}
+
+
+def choose(cost: BatchCost, sit: Situation = COLD, **knobs: Any) -> tuple[Strategy, int]:
+    choice = choose_piece(cost, sit, dataclasses.replace(KNOBS, **knobs))
+    return choice.strategy, choice.piece_tokens
+
+
+def at(done: int, rest: int, decoders: int = 3) -> Situation:
+    return Situation(done_tokens=done, remaining_tokens=rest, decoders=decoders)
+
+
+class TestRule1PieceSizes:
+    def test_multiples_of_64_up_to_n_batch(self) -> None:
+        assert piece_sizes(2048) == list(range(64, 2049, 64))
+        assert piece_sizes(1000)[-1] == 960
+        assert piece_sizes(32) == [64]
+
+    def test_fitting_piece_is_the_largest_within_max_stall(self) -> None:
+        assert fitting_piece(CPU, at(0, 3300), dataclasses.replace(KNOBS, max_stall_ms=320)) == 192
+        assert CPU.batch_ms(192, 0, 3) <= 320 < CPU.batch_ms(256, 0, 3)
+
+    def test_capped_by_n_batch(self) -> None:
+        assert fitting_piece(GPU, COLD, KNOBS) == 2048
+        assert fitting_piece(GPU, COLD, dataclasses.replace(KNOBS, n_batch=512)) == 512
+
+    def test_at_least_64(self) -> None:
+        assert fitting_piece(BUSY, COLD, KNOBS) == 64
+
+    def test_the_prior_gives_the_old_default(self) -> None:
+        # 500 tok/s × 160 ms = 80 tokens, rounded down to 64.
+        assert fitting_piece(PRIOR, COLD, KNOBS) == 64
+
+    @pytest.mark.parametrize("name", SHAPES)
+    def test_grows_with_max_stall(self, name: str) -> None:
+        sizes = [fitting_piece(SHAPES[name], at(3000, 3000), dataclasses.replace(KNOBS, max_stall_ms=ms))
+                 for ms in range(20, 5000, 20)]
+        assert sizes == sorted(sizes)
+
+
+class TestRule2RestFitsOnePiece:
+    def test_whole(self) -> None:
+        choice = choose_piece(GPU, at(3000, 300), KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
+        assert choice.reason == "rest fits one piece"
+        assert choice.predicted_cold_factor == 1.0
+
+    def test_nothing_left(self) -> None:
+        assert choose(CPU, at(3300, 0)) == (Strategy.WHOLE, 0)
+
+
+class TestRule3NeverWorseThanOff:
+    def test_tiny_pieces_on_a_busy_machine_are_worse_than_off(self) -> None:
+        # the issue's run: 64-token pieces took the cold request many times its time alone.
+        tiny = pieces_outlook(BUSY, 64, COLD, KNOBS)
+        assert tiny.cold_factor > 10
+        assert tiny.trade < off_outlook(BUSY, COLD, KNOBS).trade - TRADE_SLACK
+
+    def test_fitting_pieces_refused_when_their_fixed_parts_cost_too_much(self) -> None:
+        assert CPU.batch_ms(64, 0) < 160 and FIXED_HEAVY.batch_ms(64, 0) < 160
+        assert choose(FIXED_HEAVY)[0] is Strategy.LARGER_PIECES
+
+    @pytest.mark.parametrize("name", SHAPES)
+    @pytest.mark.parametrize("done,rest", [(0, 3300), (3000, 3000), (6000, 3600), (9000, 600),
+                                           (0, 16000), (0, 1500)])
+    def test_no_choice_below_the_floor(self, name: str, done: int, rest: int) -> None:
+        choice = choose_piece(SHAPES[name], at(done, rest), KNOBS)
+        assert choice.predicted_trade >= choice.off_trade - TRADE_SLACK
+
+
+class TestRule4Pieces:
+    def test_cpu_pieces_of_64(self) -> None:
+        choice = choose_piece(CPU, COLD, KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 64)
+        assert choice.predicted_piece_ms == pytest.approx(CPU.batch_ms(64, 0, 3))
+        # about what the benchmark measured on the testbed: 47 % + 1/2.13 ≈ 0.94
+        assert choice.predicted_trade == pytest.approx(0.94, abs=0.02)
+        assert choice.reason.startswith("64-token pieces of ~93 ms (max_stall_ms 160): streams keep ~45%")
+
+    def test_gpu_pieces_fill_max_stall_up_to_n_batch(self) -> None:
+        choice = choose_piece(GPU, COLD, KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 2048)
+        assert choice.predicted_trade == pytest.approx(choice.off_trade)
+
+    def test_over_max_stall_but_within_twice(self) -> None:
+        assert 160 < CPU.batch_ms(64, 3000, 3) <= 320
+        assert choose(CPU, at(3000, 3000)) == (Strategy.PIECES, 64)
+
+
+class TestRule5LargerPieces:
+    def test_busy_machine(self) -> None:
+        choice = choose_piece(BUSY, COLD, KNOBS)
+        assert choice.strategy is Strategy.LARGER_PIECES
+        assert choice.piece_tokens > 64
+        assert choice.predicted_trade >= choice.off_trade - 1e-9
+        off = off_outlook(BUSY, COLD, KNOBS)
+        assert pieces_outlook(BUSY, choice.piece_tokens, COLD, KNOBS).longest_batch_ms <= off.longest_batch_ms
+        assert "amortise the fixed part" in choice.reason
+
+    def test_the_smallest_size_near_the_best_trade(self) -> None:
+        strategy, n = choose(FIXED_HEAVY)
+        trades = {m: pieces_outlook(FIXED_HEAVY, m, COLD, KNOBS).trade for m in piece_sizes(2048)}
+        assert strategy is Strategy.LARGER_PIECES
+        assert trades[n] >= max(trades.values()) - 0.05 > trades[n - 64]
+
+    def test_the_fitting_piece_when_larger_ones_gain_little(self) -> None:
+        # late in a long prompt on the CPU: attention dominates and does not depend on the piece size.
+        choice = choose_piece(CPU, at(9000, 600), KNOBS)
+        assert choice.predicted_piece_ms > 2 * 160
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 64)
+        assert "larger pieces gain little" in choice.reason
+
+
+class TestRule6Hold:
+    def test_busy_machine_with_less_than_a_batch_left(self) -> None:
+        # cutting 1,500 tokens in two only adds a 1.5 s fixed part: better let the streams run.
+        choice = choose_piece(BUSY, at(0, 1500), KNOBS)
+        alone = BUSY.prompt_ms(1500, 0, 2048, 3)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.HOLD, 0)
+        assert choice.hold_ms == pytest.approx((HOLD_COLD_FACTOR - 1) * alone)
+        assert choice.predicted_cold_factor == pytest.approx(HOLD_COLD_FACTOR)
+        assert choice.predicted_trade == pytest.approx(choice.off_trade)
+        assert choice.reason.endswith("held up to 7.7 s like defer")
+
+    def test_bounded_by_max_hold(self) -> None:
+        choice = choose_piece(BUSY, at(0, 1500), dataclasses.replace(KNOBS, max_hold_ms=2000.0))
+        assert (choice.strategy, choice.hold_ms) == (Strategy.HOLD, 2000.0)
+
+
+class TestRule7Whole:
+    def test_when_holding_is_off(self) -> None:
+        choice = choose_piece(BUSY, at(0, 1500), dataclasses.replace(KNOBS, max_hold_ms=0.0))
+        assert (choice.strategy, choice.piece_tokens, choice.hold_ms) == (Strategy.WHOLE, 0, 0.0)
+        assert choice.reason.endswith("holding is off: forwarded whole")
+
+
+class TestOutlook:
+    COST = BatchCost(fixed_ms=100.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
+    SIT = Situation(done_tokens=0, remaining_tokens=1000, decoders=2)
+    KNOBS = ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.5, max_hold_ms=500.0)
+
+    def test_pieces_by_hand(self) -> None:
+        # two pieces of 500: 600 ms each; one pause of 600 ms after the first; alone 1,100 ms.
+        o = pieces_outlook(self.COST, 500, self.SIT, self.KNOBS)
+        assert (o.compute_ms, o.wait_ms, o.longest_batch_ms) == pytest.approx((1200, 600, 600))
+        assert o.streams_share == pytest.approx(600 / 1800)
+        assert o.cold_factor == pytest.approx(1800 / 1100)
+        assert o.trade == pytest.approx(600 / 1800 + 1100 / 1800)
+
+    def test_decode_steps_inside_batches_count_when_known(self) -> None:
+        sit = dataclasses.replace(self.SIT, decode_step_ms=50.0)
+        o = pieces_outlook(self.COST, 500, sit, self.KNOBS)
+        assert o.streams_share == pytest.approx((600 + 2 * 50) / 1800)
+        assert off_outlook(self.COST, sit, self.KNOBS).streams_share == pytest.approx(50 / 1100)
+
+    def test_off_and_hold(self) -> None:
+        off = off_outlook(self.COST, self.SIT, self.KNOBS)
+        assert (off.compute_ms, off.wait_ms, off.streams_share, off.cold_factor) == (1100, 0, 0, 1)
+        hold = hold_outlook(self.COST, self.SIT, self.KNOBS)
+        assert hold.streams_share == pytest.approx(500 / 1600)
+        assert hold.trade == pytest.approx(1.0)
+
+    @pytest.mark.parametrize("n", [64, 256, 1024])
+    def test_chunking_loses_exactly_its_extra_compute(self, n: int) -> None:
+        o = pieces_outlook(CPU, n, COLD, KNOBS)
+        off = off_outlook(CPU, COLD, KNOBS)
+        assert o.trade == pytest.approx(1 - (o.compute_ms - off.compute_ms) / (o.compute_ms + o.wait_ms))
+
+
+class TestShapesEndToEnd:
+    """Observations of a known shape → the fitted model → the choice."""
+
+    def test_cpu(self) -> None:
+        model = fitted(CPU)
+        assert choose(model.cost) == (Strategy.PIECES, 64)
+        assert choose(model.cost, max_stall_ms=320) == (Strategy.PIECES, 192)
+
+    def test_gpu(self) -> None:
+        assert choose(fitted(GPU).cost) == (Strategy.PIECES, 2048)
+
+    def test_busy_machine(self) -> None:
+        choice = choose_piece(fitted(BUSY).cost, COLD, KNOBS)
+        assert choice.strategy in (Strategy.LARGER_PIECES, Strategy.HOLD)
+        assert choice.piece_tokens != 64
+        assert choice.predicted_trade >= choice.off_trade - 1e-6
+
+    @pytest.mark.parametrize("name", ["cpu", "gpu"])
+    def test_pieces_grow_with_max_stall(self, name: str) -> None:
+        cost = fitted(SHAPES[name]).cost
+        choices = [choose_piece(cost, at(3000, 6000), dataclasses.replace(KNOBS, max_stall_ms=ms))
+                   for ms in range(100, 3000, 50)]
+        sizes = [c.piece_tokens for c in choices if c.strategy is Strategy.PIECES]
+        assert len(sizes) > 10 and sizes == sorted(sizes)
+
+
+class TestChecks:
+    @pytest.mark.parametrize("knobs", [dict(n_batch=0), dict(max_stall_ms=0.0), dict(prefill_share=0.0),
+                                       dict(prefill_share=1.5), dict(max_hold_ms=-1.0)])
+    def test_bad_knobs_are_errors(self, knobs: dict[str, Any]) -> None:
+        with pytest.raises(ValueError):
+            choose(CPU, **knobs)
+
+    def test_bad_situation_is_an_error(self) -> None:
+        with pytest.raises(ValueError, match="must be >= 0"):
+            choose(CPU, at(-1, 100))
