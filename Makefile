@@ -28,7 +28,7 @@ $(BIN)/python:
 
 # The stamp makes a warm `make test` skip pip entirely until pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[dev,gguf,plot]'
+	$(BIN)/python -m pip install -e '.[dev,gguf,plot,cluster]'
 	touch $@
 
 llama-server: install

@@ -11,13 +11,18 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
+from proxy.cluster.feature import install as install_cluster
 from proxy.config import Config
-from proxy.ops import lifecycle, metrics, status
+from proxy.keep.feature import install as install_keep
+from proxy.listener import CUT_WAIT_S, LISTENER, Listener, ListenerSite, ensure_open_files
+from proxy.ops import guard, lifecycle, metrics, status
 from proxy.ops.lora_watch import install as install_lora
 from proxy.prefill.feature import install as install_prefill
 from proxy.record.timing_log import TimingLog
 from proxy.request.handler import handle
+from proxy.request.rejected import ParserErrors
 from proxy.state import STATE, ProxyState
+from proxy.warm.feature import install as install_warm
 
 log = logging.getLogger("slotwise")
 
@@ -41,18 +46,22 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
 # Each feature installs itself on the application: its routes, and a cleanup context that runs
 # after the core one below (so `app[STATE]` exists). Order matters only for routes.
 Feature = Callable[[web.Application], None]
-FEATURES: tuple[Feature, ...] = (lifecycle.install, metrics.install, status.install, install_lora,
-                                 install_prefill)
+FEATURES: tuple[Feature, ...] = (lifecycle.install, guard.install, metrics.install, status.install,
+                                 install_lora, install_prefill, install_warm, install_keep,
+                                 install_cluster)
 
 
 def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -> web.Application:
     app = web.Application(client_max_size=int(config.listen.max_body_mb * 1024 * 1024) + 1)
+    listener = app[LISTENER] = Listener(config.listen)
+    app.middlewares.append(listener.middleware)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        timing_log = TimingLog.open(config.log.timing)  # first: its config error leaves nothing open
         session = upstream_session(config)
-        state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
-                           session=session, clock=clock)
+        state = ProxyState(config=config, timing_log=timing_log, session=session, clock=clock)
         app[STATE] = state
+        state.reload_hooks.append(lambda new: listener.apply(new.listen))
         try:
             yield
         finally:
@@ -72,11 +81,16 @@ async def start(config: Config) -> tuple[web.AppRunner, str]:
     Handlers are cancelled when their client disconnects: that is what closes the upstream
     request at once, so llama-server stops working for nobody.
     """
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=config.listen.shutdown_grace_s)
+    app = create_app(config)
+    # aiohttp's connection handler tells its `logger` of requests its HTTP parser rejects.
+    # The grace period is the drain's (lifecycle.drain): aiohttp's own wait only closes what is left.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, logger=ParserErrors(app),
+                           shutdown_timeout=CUT_WAIT_S)
+    if warning := ensure_open_files(config.listen.max_connections):
+        log.warning("%s", warning)
     try:
         await runner.setup()  # runs every feature's start; one may refuse the config
-        site = web.TCPSite(runner, config.listen.host, config.listen.port)
+        site = ListenerSite(runner, app[LISTENER], config.listen.host, config.listen.port)
         await site.start()
     except BaseException:
         await runner.cleanup()

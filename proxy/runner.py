@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.app import start
 from proxy.config import Config
+from proxy.ops.lifecycle import drain
 from proxy.state import STATE, ProxyState
 
 
@@ -49,9 +50,9 @@ class ProxyThread:
 
     def stop(self) -> None:
         if self._runner is not None:
-            # Cleanup lets requests in flight finish, for up to the configured grace period.
+            # As on SIGTERM: requests in flight may finish within the grace period, then are cut.
             grace = self.config.listen.shutdown_grace_s
-            self.call(self._runner.cleanup(), timeout=grace + 15.0)
+            self.call(drain(self._runner), timeout=grace + 15.0)
             self._runner = None
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -19,6 +19,7 @@ from proxy.record.inflight import Registry
 from proxy.record.schema import Record
 from proxy.record.timing_log import TimingLog
 from proxy.request.admission import Gate, OpenGate
+from proxy.request.ids import RequestIds
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("slotwise")
@@ -35,6 +36,8 @@ class ProxyState:
     upstream: UpstreamClient = field(init=False, repr=False)
     """slotwise's own calls to llama-server, over `session`, with the URL and key in force."""
     registry: Registry = field(default_factory=Registry)
+    ids: RequestIds = field(default_factory=RequestIds)
+    """Issues every request's unique id (the client's own X-Request-Id when it is free)."""
     gate: Gate = field(default_factory=OpenGate)
     forced_lora: Callable[[], list[dict[str, Any]] | None] = _no_forced_lora
     """The explicit `lora` array every request gets (LoRA modes fixed/none), or None."""

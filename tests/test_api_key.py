@@ -1,6 +1,6 @@
 """`[upstream] api_key`: slotwise's own calls to a keyed llama-server carry the key (from the config
-in force, so a reload applies), while forwarded client requests go on exactly as the client sent
-them. A fake upstream that answers 401 without the key, quick."""
+in force, so a reload applies); a client must present that key itself, and slotwise checks it before
+it does any work for the request. A fake upstream that answers 401 without the key, quick."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.conftest import StartProxy
 from tests.helpers import read_records, serve_app
 
 KEY = "k-one"
+PAGES = {"Authorization": "Bearer page-token"}
 
 
 def answer(data: Any) -> Any:
@@ -70,8 +71,9 @@ async def upstream() -> AsyncIterator[tuple[KeyedUpstream, str]]:
         yield fake, url
 
 
-async def chat(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> int:
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+async def chat(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+               text: str = "hello") -> int:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
         await response.read()
         return response.status
@@ -81,7 +83,7 @@ async def status_slots(session: aiohttp.ClientSession, proxy: ProxyThread) -> li
     """The slots the status page shows, once its background /slots poll has answered."""
     deadline = time.monotonic() + 5
     while True:
-        async with session.get(proxy.url + "/slotwise/status") as response:
+        async with session.get(proxy.url + "/slotwise/status", headers=PAGES) as response:
             status = await response.json()
         if status["slots"]["slots"] or time.monotonic() > deadline:
             assert status["config"]["upstream"]["api_key"] == "***"
@@ -89,24 +91,29 @@ async def status_slots(session: aiohttp.ClientSession, proxy: ProxyThread) -> li
         await asyncio.sleep(0.05)
 
 
-async def test_own_calls_carry_the_key_forwarded_requests_stay_as_sent(
+async def test_own_calls_carry_the_key_and_clients_must_present_it(
         upstream: tuple[KeyedUpstream, str], start_proxy: StartProxy) -> None:
     fake, url = upstream
     proxy = await asyncio.to_thread(
-        start_proxy, url, upstream={"api_key": KEY},
+        start_proxy, url, upstream={"api_key": KEY}, access={"pages_token": "page-token"},
         lora={"mode": "fixed", "adapters": [{"id": 0, "scale": 1.0}]},
         prefill={"mode": "chunk", "cold_tokens": 2})
     async with aiohttp.ClientSession() as session:
-        assert await chat(session, proxy.url, {}) == 200
-        assert await chat(session, proxy.url, {"Authorization": "Bearer the-clients-own"}) == 200
-        records = await asyncio.to_thread(read_records, proxy, 2)
-        assert all(r["est_prompt_tokens"] == 3 and r["lora_rewritten"] for r in records)
+        assert await chat(session, proxy.url, {}) == 401  # checked by slotwise, before any work
+        assert await chat(session, proxy.url, {"Authorization": "Bearer the-clients-own"}) == 401
+        assert not {p for _, p, _ in fake.seen} & {"/apply-template", "/tokenize", "/v1/chat/completions"}
+        assert await chat(session, proxy.url, {"Authorization": f"Bearer {KEY}"}) == 200
+        assert await chat(session, proxy.url, {"x-api-key": KEY}) == 200  # Anthropic-style
+        records = await asyncio.to_thread(read_records, proxy, 4)
+        assert [r["outcome"] for r in records] == ["unauthorized"] * 2 + ["done"] * 2
+        assert all(r["est_prompt_tokens"] == 3 and r["lora_rewritten"] for r in records[2:])
         assert await status_slots(session, proxy)
         for call in [("GET", "/lora-adapters"), ("POST", "/lora-adapters"),
                      ("GET", "/props"), ("POST", "/apply-template"), ("POST", "/tokenize"),
                      ("GET", "/slots")]:
             assert set(fake.auth_of(*call)) == {f"Bearer {KEY}"}, call
-        assert fake.auth_of("POST", "/v1/chat/completions") == [None, "Bearer the-clients-own"]
+        # Forwarded with the key in force as `Authorization` (the client's x-api-key swapped).
+        assert fake.auth_of("POST", "/v1/chat/completions") == [f"Bearer {KEY}"] * 2
 
         # A reload with another key: the next own calls carry the new one.
         fake.key = "k-two"
@@ -115,8 +122,10 @@ async def test_own_calls_carry_the_key_forwarded_requests_stay_as_sent(
                                                                     api_key="k-two"))
         await asyncio.to_thread(proxy.call, proxy.state.apply_config(new))
         fake.seen.clear()
-        assert await chat(session, proxy.url, {}) == 200
+        assert await chat(session, proxy.url, {"Authorization": f"Bearer {KEY}"}) == 401
+        # (another body: the same one's token ids are remembered, no /apply-template asked)
+        assert await chat(session, proxy.url, {"Authorization": "Bearer k-two"}, "hi again") == 200
         assert set(fake.auth_of("POST", "/apply-template")) == {"Bearer k-two"}
         assert fake.auth_of("GET", "/lora-adapters") in ([], ["Bearer k-two"])
-        assert (await asyncio.to_thread(read_records, proxy, 3))[-1]["est_prompt_tokens"] == 3
+        assert (await asyncio.to_thread(read_records, proxy, 6))[-1]["est_prompt_tokens"] == 3
     await asyncio.to_thread(proxy.stop)  # on this loop's side: the fake upstream must answer

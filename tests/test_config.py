@@ -109,3 +109,28 @@ def test_an_unreadable_or_empty_key_file_names_the_key(tmp_path: Path) -> None:
         parse_config({"upstream": {"api_key_file": str(empty)}})
     with pytest.raises(ConfigError, match=r"upstream\.api_key_file: cannot read"):
         parse_config({"upstream": {"api_key_file": str(tmp_path)}})  # a directory
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"listen": {"header_timeout_s": 0}},
+     "listen.header_timeout_s: 0 is out of range (valid: between 0.1 and 3600"),
+    ({"listen": {"body_timeout_s": "slow"}}, "listen.body_timeout_s: expected a number, got 'slow'"),
+    ({"listen": {"keepalive_timeout_s": -1}}, "listen.keepalive_timeout_s: -1 is out of range"),
+    ({"listen": {"max_connections": 0}}, "listen.max_connections: 0 is out of range (valid: between 1"),
+    ({"listen": {"max_connections": 1.5}}, "listen.max_connections: expected a whole number, got 1.5"),
+    ({"upstream": {"max_event_mb": 0}}, "upstream.max_event_mb: 0 is out of range (valid: between 0.01"),
+])
+def test_the_resource_limits_are_checked(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert message in str(info.value)
+
+
+def test_the_resource_limits_default_to_a_small_team_and_the_example_shows_them() -> None:
+    listen, upstream = parse_config({}).listen, parse_config({}).upstream
+    assert (listen.header_timeout_s, listen.body_timeout_s, listen.keepalive_timeout_s) == (10, 60, 60)
+    assert listen.max_connections == 1024 and upstream.max_event_mb == 16
+    text = EXAMPLE.read_text()
+    for key in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s", "max_connections",
+                "max_event_mb"):
+        assert f"\n{key} = " in text

@@ -23,7 +23,8 @@ from proxy.estimate import (
 from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.responses import responses_as_chat
 from proxy.estimate.tokenizer import COUNT_PATHS
-from proxy.prefill.estimator import Estimator, slot_advice
+from proxy.prefill.estimator import Estimator
+from proxy.prefill.layout import layout_advice
 from proxy.testbed.model import ModelFiles
 from proxy.upstream import UpstreamClient
 from tests.conftest import StartLlamaServer
@@ -264,20 +265,20 @@ async def test_pieces_extend_the_cached_prefix(
 
 
 
-@pytest.mark.parametrize(("slots", "warned"), [(2, True), (4, False)])
-async def test_chunk_mode_warns_once_when_the_server_has_too_few_slots(
-        slots: int, warned: bool, start_llama_server: StartLlamaServer,
+@pytest.mark.parametrize(("args", "few_slots", "shared"), [
+    (["-np", "2", "-c", "8192"], True, False), (["-np", "4", "-c", "16384"], False, False),
+    (["-np", "4", "-kvu"], False, True), (["-np", "-1"], False, True)])
+async def test_chunk_mode_warns_once_about_a_layout_that_costs_it(
+        args: list[str], few_slots: bool, shared: bool, start_llama_server: StartLlamaServer,
         session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
-    server = start_llama_server(lora=False, args=["-np", str(slots)])
+    server = start_llama_server(lora=False, args=args)
     estimator = Estimator(UpstreamClient(session, lambda: server.url))
     body = {"messages": [{"role": "user", "content": "Hello"}]}
     with caplog.at_level(logging.WARNING, logger="slotwise.prefill"):
         for _ in range(2):
             await estimator.estimate(PrefillConfig(mode="chunk"), "chat", body)
-    warnings = [r.getMessage() for r in caplog.records if "slot(s)" in r.getMessage()]
-    assert warnings == ([f"prefill.mode = chunk, but llama-server has {slots} slot(s): a short "
-                         "turn will take the slot of the prompt being fed and llama-server will "
-                         "copy that prefix to RAM and back; run it with -np N, N = the streams "
-                         "you expect at peak plus two (docs/prefill.md, 'llama-server flags "
-                         "that work best')"] if warned else [])
-    assert slot_advice("defer", 1) is None and slot_advice("off", 1) is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len([w for w in warnings if "slot(s)" in w]) == few_slots
+    assert len([w for w in warnings if "one KV pool shared by the slots" in w]) == shared
+    assert estimator.layout.shared_kv is shared
+    assert layout_advice("defer", estimator.layout) == layout_advice("off", estimator.layout) == []

@@ -91,13 +91,13 @@ async def test_an_upstream_that_never_answers_gives_504(fake_url: str, start_pro
 
 async def test_unreachable_upstream_gives_502(start_proxy: StartProxy) -> None:
     proxy = start_proxy("http://127.0.0.1:9")
-    async with aiohttp.ClientSession() as session, session.get(proxy.url + "/health") as response:
+    async with aiohttp.ClientSession() as session, session.get(proxy.url + "/props") as response:
         assert response.status == 502
         error = (await response.json())["error"]
     assert "cannot connect to the upstream" in error["message"]
     proxy.stop()
     (rec,) = read_records(proxy)
-    assert rec["outcome"] == "upstream_error" and rec["endpoint"] == "/health"
+    assert rec["outcome"] == "upstream_error" and rec["endpoint"] == "/props"
 
 
 async def test_a_body_that_is_not_json_gets_400_where_slotwise_reads_it(

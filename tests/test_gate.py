@@ -191,21 +191,21 @@ async def test_defer_releases_at_max_hold_on_tick() -> None:
 async def test_chunk_feeds_pieces_then_forwards(rig: Rig) -> None:
     s = await generating(rig)
     c = flight(rig, "c")
-    task = asyncio.create_task(rig.gate.admit(c, {"n": 3000, "lora": [{"id": 0}]}))
+    task = asyncio.create_task(rig.gate.admit(c, {"n": 1200, "lora": [{"id": 0}]}))
     await settle()
     assert rig.feeder.pieces == [(64, [{"id": 0}])]  # the prior cost, 20 ms + 2 ms a token: 64 fit
     rig.clock.now = 0.1
-    rig.feeder.done(64, ms=100.0)
+    rig.feeder.done(64, ms=30.0)
     await settle()
     assert rig.feeder.pieces[1:] == []  # the pause after a piece
     rig.clock.now = 0.3
     rig.gate.tick()
     await settle()
     assert len(rig.feeder.pieces) == 2
-    finish(rig, s)  # nobody generating: the piece in flight ends, then the request goes
+    finish(rig, s)  # nobody generating: the piece in flight ends, then the short rest goes whole
     await settle()
     assert not task.done()
-    rig.feeder.done(256)
+    rig.feeder.done(128, ms=60.0)
     await task
     admission = c.prefill
     assert (admission.plan, admission.pieces) == ("chunked", 2)

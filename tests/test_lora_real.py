@@ -153,11 +153,11 @@ async def completion(session: aiohttp.ClientSession, url: str, prompt: str,
         return result
 
 
-async def anthropic_message(session: aiohttp.ClientSession, url: str) -> Any:
+async def anthropic_message(session: aiohttp.ClientSession, url: str, server_url: str) -> Any:
     body = {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     async with session.post(url + "/v1/messages", json=body) as response:
         assert response.status == 200, await response.text()
-    async with session.get(url + "/slots") as response:
+    async with session.get(server_url + "/slots") as response:  # an admin endpoint for slotwise
         (slot,) = await response.json()
     return slot["params"]["lora"]
 
@@ -187,7 +187,7 @@ async def test_fixed_sends_one_identical_array_with_and_without_client_lora(
         first_lora = await slot_lora(session, server.url)
         second = await completion(session, proxy.url, prefix + "Two", [{"id": 0, "scale": 1.0}])
         second_lora = await slot_lora(session, server.url)
-        messages_lora = await anthropic_message(session, proxy.url)
+        messages_lora = await anthropic_message(session, proxy.url, server.url)
         await infill(session, proxy.url, [{"id": 0, "scale": 1.0}])
         infill_lora = await slot_lora(session, server.url)
         async with session.get(server.url + "/lora-adapters") as response:

@@ -281,7 +281,7 @@ async def test_model_requests_get_503_until_the_upstream_can_be_read(
         assert response.headers["X-Slotwise-Error"] == "slotwise_lora_not_ready"
         message = (await response.json())["error"]["message"]
     assert message.startswith("slotwise: lora.mode 'none': the LoRA profile is not ready")
-    async with session.get(proxy.url + "/health") as response:
+    async with session.get(proxy.url + "/props") as response:
         assert response.status == 502  # not a model request: forwarded, and the upstream is down
     proxy.stop()
     (rec, _) = read_records(proxy)

@@ -36,7 +36,7 @@ def policy(mode: str = "chunk", *, tps: float = 1000.0, n_batch: int = 2048,
            **over: Any) -> PrefillPolicy:
     cfg = dataclasses.replace(PrefillConfig(mode=mode, cold_tokens=COLD, max_hold_s=30.0,
                                             max_stall_ms=256.5, prefill_share=0.5,
-                                            max_waiting=2), **over)
+                                            max_cold_factor=0.0, max_waiting=2), **over)
     return PrefillPolicy(cfg, n_batch=n_batch, cost=rate_model(tps))
 
 
@@ -228,21 +228,59 @@ class TestRule6Chunk:
 
 
 class TestRule7ChunkStopsWhenAlone:
-    def test_forward_at_once_during_pause(self) -> None:
+    def test_a_short_rest_is_forwarded_at_once_during_a_pause(self) -> None:
+        p = policy(max_stall_ms=600.0)
+        busy(p)
+        p.on_arrival("c", 2200, 2200, 0.0)  # a 576-token piece, then 1,624 left: under 4 × 600 ms
+        p.on_piece_done("c", 576, 576.0, 0.6)
+        assert p.on_finished("s", 0.7) == [
+            Forward("c", "nobody generating after 1 pieces (576 tokens fed)")]
+
+    def test_a_long_rest_goes_on_in_pieces_back_to_back(self) -> None:
+        """A chat: everybody pauses between turns at once, and comes back a second later. The rest
+        goes at full speed in pieces of up to 4 × max_stall_ms, so a returning user waits one."""
         p = policy()
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
-        p.on_piece_done("c", 256, 250.0, 0.3)
-        assert p.on_finished("s", 0.4) == [
-            Forward("c", "nobody generating after 1 pieces (256 tokens fed)")]
+        p.on_piece_done("c", 256, 256.0, 0.3)
+        assert p.on_finished("s", 0.4) == [FeedPiece("c", 256 + 512)]  # the ramp: 2 × 256
+        assert p.on_piece_done("c", 512, 512.0, 0.9) == [FeedPiece("c", 768 + 1024)]  # no pause
+        assert p.on_piece_done("c", 1024, 1024.0, 1.9) == [FeedPiece("c", 1792 + 1024)]  # 4 × 256
+        busy(p, "t", 2.0)  # somebody is back: pieces and pauses again
+        assert p.on_piece_done("c", 1024, 1024.0, 3.0) == []
+        assert p.next_wakeup() == pytest.approx(4.024)
 
     def test_piece_in_flight_finishes_first(self) -> None:
-        p = policy()
+        p = policy(max_stall_ms=600.0)
+        busy(p)
+        p.on_arrival("c", 2200, 2200, 0.0)
+        assert p.on_finished("s", 0.1) == []
+        assert p.on_piece_done("c", 576, 576.0, 0.6) == [
+            Forward("c", "nobody generating after 1 pieces (576 tokens fed)")]
+
+
+class TestRule6ColdBudget:
+    def test_pauses_shrink_when_the_cold_request_falls_behind(self) -> None:
+        """5,000 tokens at 1,000 tok/s: 5 s alone, 12.5 s allowed at 2.5 ×. Share 0.25 would make
+        it ~19 s: the pauses shrink to what fits, and to nothing once it has fallen behind."""
+        p = policy(prefill_share=0.25, max_cold_factor=2.5)
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
-        assert p.on_finished("s", 0.1) == []
-        assert p.on_piece_done("c", 256, 250.0, 0.3) == [
-            Forward("c", "nobody generating after 1 pieces (256 tokens fed)")]
+        p.on_piece_done("c", 256, 256.0, 0.256)
+        first = p.next_wakeup()
+        # 4,744 tokens (4.7 s) in the 12.2 s left: share 0.39, a pause of 0.40 s, not 0.768
+        assert first is not None and first - 0.256 == pytest.approx(0.256 * (1 - 0.388) / 0.388,
+                                                                   rel=0.02)
+        p.on_tick(first)
+        # held up (short turns, a slow server): 4,488 tokens and 2.5 s left, the next at once
+        assert p.on_piece_done("c", 256, 256.0, 10.0) == [FeedPiece("c", 768)]
+
+    def test_no_bound_with_factor_0(self) -> None:
+        p = policy(prefill_share=0.25, max_cold_factor=0.0)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 256.0, 8.0)
+        assert p.next_wakeup() == pytest.approx(8.0 + 0.768)
 
 
 class TestRule8ShortRequestsBetweenPieces:
@@ -288,16 +326,19 @@ class TestRule9CostLearning:
         p = policy(tps=1000.0)
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
-        p.on_piece_done("c", 256, 100.0, 0.1)  # 2,560 tok/s: the next piece is 640 tokens
+        p.on_piece_done("c", 256, 100.0, 0.1)  # 2,560 tok/s: 640 tokens would fit 256 ms
         snap = p.snapshot()
         assert snap.cost.samples == 1
         assert snap.cost.cost.batch_ms(256, 0) == pytest.approx(100.0, rel=0.05)
-        assert p.on_tick(1.0) == [FeedPiece("c", 256 + 640)]
+        # but a piece is at most twice the largest measured (the ramp): 512
+        assert p.on_tick(1.0) == [FeedPiece("c", 256 + 512)]
+        p.on_piece_done("c", 512, 200.0, 1.2)
+        assert p.on_tick(2.0) == [FeedPiece("c", 768 + 640)]
 
-    def test_learns_from_finished_prefills_of_16_tokens_or_more(self) -> None:
+    def test_learns_from_finished_prefills_of_256_tokens_or_more(self) -> None:
         p = policy(tps=1000.0)
         busy(p)
-        p.on_finished("s", 1.0, prompt_n=10, prompt_ms=1.0)
+        p.on_finished("s", 1.0, prompt_n=255, prompt_ms=1.0)
         assert p.snapshot().cost.samples == 0
         p.on_finished("t", 1.0, prompt_n=3000, prompt_ms=1000.0, cache_n=500)
         assert p.snapshot().cost.samples == 1

@@ -56,13 +56,13 @@ class Stream:
     """A long streamed generation through the proxy, in a thread, ended by `close()` (which
     shuts the socket down, so the proxy sees the client leave at once)."""
 
-    def __init__(self, url: str, tokens: int = 20000) -> None:
+    def __init__(self, url: str, tokens: int = 20000, headers: dict[str, str] | None = None) -> None:
         body = {"messages": [{"role": "user", "content": "Tell a story."}], "stream": True,
                 "max_tokens": tokens, "ignore_eos": True}
         parts = urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
         self.conn.request("POST", "/v1/chat/completions", body=orjson.dumps(body),
-                          headers={"Content-Type": "application/json"})
+                          headers={"Content-Type": "application/json", **(headers or {})})
         self.response = self.conn.getresponse()
         self.events = 0
         self._thread = threading.Thread(target=self._read, daemon=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.schema import Overlap, overlaps
@@ -76,3 +79,26 @@ def test_a_request_arriving_between_pieces_sees_the_prefill_fed_ahead() -> None:
     short.timer.on_end(2.4)
     (seen,) = overlaps(short)
     assert (seen.id, seen.from_ms, seen.to_ms) == ("cold", 0.0, 400.0)
+
+
+def test_a_long_request_keeps_the_figures_of_finished_peers_not_the_requests() -> None:
+    registry = Registry()
+    stream = flight("stream", 0.0)
+    registry.add(stream, 0.0)
+    alive: weakref.WeakSet[Flight] = weakref.WeakSet()
+    for i in range(100):
+        short = flight(f"short-{i}", float(i))
+        alive.add(short)
+        registry.add(short, float(i))
+        registry.move(short, Phase.PREFILLING, i + 0.1)
+        short.computed_tokens = 10
+        registry.move(short, Phase.DECODING, i + 0.5)
+        registry.finish(short, i + 0.6)
+    del short
+    gc.collect()
+    assert len(alive) == 0  # the long one's record needs their figures, not the requests
+    stream.timer.on_end(100.0)
+    seen = overlaps(stream)
+    assert len(seen) == 100
+    assert seen[5] == Overlap(id="short-5", computed_tokens=10, from_ms=5100.0, to_ms=5500.0,
+                              decode_events=0, decode_ms=0.0)

@@ -8,9 +8,9 @@ setting; every phase runs on a freshly started llama-server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,16 @@ streams plus the cold prompt's slot, idle slots not copied to RAM after every ta
 
 @dataclass(frozen=True)
 class Scenario:
+    streams: int = 3
+    """Requests generating when the cold prompt arrives."""
     stream_tokens: int = 1200
-    """Tokens each of the three streams generates (they must outlive the chunked cold prompt)."""
+    """Tokens each stream generates (they must outlive the chunked cold prompt)."""
+    chat_turns: bool = False
+    """Each stream is a user chatting: turn after turn of `stream_tokens` tokens, a pause of
+    `pause_s` between them, until the cold request has its first token (the field report's users)."""
+    pause_s: tuple[float, float] = (0.5, 2.0)
+    calm_s: float = 20.0
+    """`chat_turns`: how long the users chat in the baseline without a cold prompt."""
     cold_words: int = 700
     """Size of the cold history in words (the record shows its tokens)."""
     lead_s: float = 1.5
@@ -108,31 +116,55 @@ async def play(url: str, sc: Scenario, tag: str, *, cold_seed: int | None,
             return lambda: timed_stream(session, url, body)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        streams = [asyncio.create_task(_later(0.05 * i, stream(_chat(
-            [{"role": "user", "content": f"{tag} stream {i}: tell me a long story."}],
-            sc.stream_tokens)))) for i in range(3 if with_streams else 0)]
+        stop = asyncio.Event()
+        users = [asyncio.create_task(_user(session, url, sc, f"{tag} stream {i}", 0.05 * i, stop))
+                 for i in range(sc.streams if with_streams else 0)]
         lead = sc.lead_s if with_streams else 0.0
         cold = (asyncio.create_task(_later(lead, stream(_chat(history(sc.cold_words, cold_seed),
                                                                     8))))
                 if cold_seed is not None else None)
         shorts = [asyncio.create_task(_later(lead + offset, stream(_chat(_short(tag, i), 4))))
                   for i, offset in enumerate(sc.short_offsets() if with_streams else [])]
-        done_streams = list(await asyncio.gather(*streams))
+        if cold is not None:
+            done_cold: StreamResult | None = await cold
+        else:
+            done_cold = None
+            await asyncio.sleep(sc.calm_s if sc.chat_turns else 0.0)
+        stop.set()  # chatting users end their current turn and stop
+        done_streams = [turn for turns in await asyncio.gather(*users) for turn in turns]
         done_shorts = list(await asyncio.gather(*shorts))
-        done_cold = await cold if cold is not None else None
         return Run(done_streams, done_shorts, done_cold, started, loop.time())
 
 
-def stream_rate(result: StreamResult, lo: float | None = None,
+async def _user(session: aiohttp.ClientSession, url: str, sc: Scenario, who: str, delay: float,
+                stop: asyncio.Event) -> list[StreamResult]:
+    """One generating user: one long stream, or (`chat_turns`) turns with pauses until `stop`."""
+    await asyncio.sleep(delay)
+    body = _chat([{"role": "user", "content": f"{who}: tell me a long story."}], sc.stream_tokens)
+    if not sc.chat_turns:
+        return [await timed_stream(session, url, body)]
+    rng, turns = random.Random(who), []
+    while not stop.is_set():
+        turns.append(await timed_stream(session, url, body))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), rng.uniform(*sc.pause_s))
+    return turns
+
+
+def decode_rate(results: Sequence[StreamResult], lo: float | None = None,
                 hi: float | None = None) -> float | None:
-    """Token events per second within [lo, hi] clipped to the stream's own decode."""
-    if len(result.tokens) < 2:
-        return None
-    lo = max(lo if lo is not None else result.tokens[0], result.tokens[0])
-    hi = min(hi if hi is not None else result.tokens[-1], result.tokens[-1])
-    if hi - lo < 0.3:
-        return None
-    return sum(1 for t in result.tokens if lo < t <= hi) / (hi - lo)
+    """Token events per second of decoding within [lo, hi], pooled over `results` (each one's
+    own decode, first to last token, clipped to the window): what a user reading a reply sees."""
+    events, span = 0, 0.0
+    for result in results:
+        if len(result.tokens) < 2:
+            continue
+        a = max(lo if lo is not None else result.tokens[0], result.tokens[0])
+        b = min(hi if hi is not None else result.tokens[-1], result.tokens[-1])
+        if b > a:
+            events += sum(1 for t in result.tokens if a < t <= b)
+            span += b - a
+    return events / span if span >= 0.3 else None
 
 
 def max_gap(result: StreamResult) -> float | None:
@@ -160,8 +192,9 @@ class Baseline:
 async def calm_baseline(url: str, sc: Scenario, seed: int) -> tuple[float, list[float]]:
     """The streams' mean rate and the short turns' TTFTs with no cold prompt."""
     calm = await play(url, sc, f"calm{seed}", cold_seed=None)
-    rates = [r for r in (stream_rate(s) for s in calm.streams) if r]
-    return statistics.mean(rates), [s.ttft for s in calm.shorts if s.ttft is not None]
+    rate = decode_rate(calm.streams)
+    assert rate is not None, "the streams generated nothing"
+    return rate, [s.ttft for s in calm.shorts if s.ttft is not None]
 
 
 async def alone_baseline(url: str, sc: Scenario, seed: int) -> float:
@@ -186,13 +219,15 @@ PATHS = ("direct", "defer", "chunk", "b512")
 
 def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
             paths: Sequence[str] = PATHS, server_args: Sequence[str] = SERVER_ARGS,
-            binary: Path | None = None,
-            log: Callable[[str], None] = print) -> tuple[dict[str, Run], dict[str, Baseline]]:
+            binary: Path | None = None, log: Callable[[str], None] = print,
+            beside: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+            ) -> tuple[dict[str, Run], dict[str, Baseline]]:
     """The chosen paths in one run; returns the runs by path name and each server's baseline.
 
     Every phase (each baseline, each path) gets a llama-server of its own, started fresh: a slot
     still holding an earlier phase's long prompt is copied to RAM when a new request takes it
-    (on the server's main loop, stalling everyone), which would charge one phase for another."""
+    (on the server's main loop, stalling everyone), which would charge one phase for another.
+    `beside` runs around every phase, baselines included (a CPU competitor, say)."""
     model = write_model(model_dir, "small", seed=0)
     runs: dict[str, Run] = {}
     bases: dict[str, Baseline] = {}
@@ -203,9 +238,11 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
             continue
         args = [*server_args, *extra]
 
-        def fresh(phase: str, args: list[str] = args, name: str = name) -> LlamaServer:
-            return LlamaServer(model.model, args=args, binary=binary,
-                               log_path=work / f"llama-server-{name}-{phase}.log")
+        @contextlib.contextmanager
+        def fresh(phase: str, args: list[str] = args, name: str = name) -> Iterator[LlamaServer]:
+            with beside(), LlamaServer(model.model, args=args, binary=binary,
+                                       log_path=work / f"llama-server-{name}-{phase}.log") as server:
+                yield server
 
         log(f"llama-server {' '.join(args)}: baselines …")
         seed = 100 + len(bases)

@@ -6,6 +6,7 @@ own prompt counts. Only this module knows about terminals.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from typing import Any
 
@@ -19,13 +20,14 @@ from proxy.bench.contention import (
     Baseline,
     Run,
     Scenario,
+    decode_rate,
     max_gap,
     measure,
     pct,
-    stream_rate,
 )
 from proxy.bench.harness import temp_dir
 from proxy.bench.output import figures_table, positive_int, print_table
+from proxy.bench.setups import FIELD, FIELD_ARGS, SETUPS, cpu_competitor
 
 PREFILL = {"cold_tokens": 1000}
 """The slotwise runs use the shipped defaults except a cold threshold below the cold prompt."""
@@ -34,6 +36,8 @@ PREFILL = {"cold_tokens": 1000}
 def add_contention(commands: Any) -> None:
     cmd = commands.add_parser(
         "contention", help="a cold prompt among generating streams: direct, -b 512, defer, chunk")
+    cmd.add_argument("--streams", type=positive_int, default=Scenario.streams,
+                     help=f"requests generating when the cold prompt comes (default {Scenario.streams})")
     cmd.add_argument("--stream-tokens", type=int, default=Scenario.stream_tokens,
                      help=f"tokens per generating stream (default {Scenario.stream_tokens})")
     cmd.add_argument("--cold-words", type=int, default=Scenario.cold_words,
@@ -55,6 +59,16 @@ def add_contention(commands: Any) -> None:
     cmd.add_argument("--repeat", type=positive_int, default=1,
                      help="measure everything this many times (fresh servers and baselines each "
                           "time) and end with each figure's range over the runs (default 1)")
+    cmd.add_argument("--setups", default="", metavar="NAMES",
+                     help="run every path on each of these llama-server set-ups, comma-separated, "
+                          f"each with its own baselines ({', '.join(SETUPS)}, or all); "
+                          "then a summary table of all of them")
+    cmd.add_argument("--competitor", action="store_true",
+                     help="a CPU competitor (one spinning core) runs beside every phase")
+    cmd.add_argument("--scenario", choices=("default", "field"), default="default",
+                     help="field: the field report's scale (three users chatting, short turns, a "
+                          "~16,000-token history) on its server "
+                          f"({' '.join(FIELD_ARGS)}) unless --server-args or --setups say otherwise")
     cmd.add_argument("--json", action="store_true", help="also print the figures as JSON")
     cmd.set_defaults(handler=run_contention)
 
@@ -70,13 +84,14 @@ def _overrides(items: list[str]) -> dict[str, Any]:
 def figures(run: Run, base: Baseline) -> dict[str, Any]:
     window = run.window()
     lo, hi = window if window else (None, None)
-    rates = [r for r in (stream_rate(s, lo, hi) for s in run.streams) if r is not None]
-    rate = statistics.mean(rates) if rates and window else None
+    rate = decode_rate(run.streams, lo, hi) if window else None
     gaps = [g for g in (max_gap(s) for s in run.streams) if g is not None]
     ttft = [s.ttft for s in run.shorts if s.ttft is not None]
     p50, p90 = pct(ttft, 50), pct(ttft, 90)
     b50, b90 = pct(base.short_ttft, 50), pct(base.short_ttft, 90)
     cold = run.cold.ttft if run.cold else None
+    turns = [s.ttft for s in run.streams if window and window[0] <= s.sent <= window[1]
+             and s.ttft is not None]
     tokens = sum(len(s.tokens) for s in [*run.streams, *run.shorts])
     tokens += len(run.cold.tokens) if run.cold else 0
     return {
@@ -89,6 +104,7 @@ def figures(run: Run, base: Baseline) -> dict[str, Any]:
         "short_ttft_uncontended_p50_s": b50, "short_ttft_uncontended_p90_s": b90,
         "shorts": len(ttft),
         "shorts_over_1_5x": sum(1 for t in ttft if t > 1.5 * b90) if b90 else None,
+        "turn_ttft_p90_s": pct(turns, 90), "turns": len(turns),
         "cold_ttft_s": cold, "cold_ttft_alone_s": base.cold_ttft,
         "cold_ttft_x": cold / base.cold_ttft if cold else None,
         "tokens_per_s": tokens / (run.ended - run.started),
@@ -120,6 +136,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("short turns' TTFT p90 (s)", "short_ttft_p90_s", "{:.3f}"),
     ("  p90 as × uncontended", "short_ttft_p90_x", "{:.2f} ×"),
     ("  short turns over 1.5 × uncontended p90", "shorts_over_1_5x", "{} of {shorts}"),
+    ("streams' new turns meanwhile: TTFT p90 (s)", "turn_ttft_p90_s", "{:.3f} ({turns})"),
     ("cold request's TTFT (s)", "cold_ttft_s", "{:.2f}"),
     ("  as × alone", "cold_ttft_x", "{:.2f} ×"),
     ("tokens generated per second, overall", "tokens_per_s", "{:.1f}"),
@@ -183,32 +200,101 @@ def est_error(e: dict[str, Any]) -> float | None:
     return 100.0 * (est - actual) / actual if actual else None
 
 
+def scenario(args: argparse.Namespace) -> Scenario:
+    if args.scenario == "field":
+        return FIELD
+    return Scenario(streams=args.streams, stream_tokens=args.stream_tokens, cold_words=args.cold_words,
+                    shorts=args.shorts, arrivals=args.arrivals)
+
+
+def setups(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The set-ups to run, by name: --setups, else --server-args (the field scenario's own server
+    unless they were given)."""
+    if not args.setups:
+        default = " ".join(FIELD_ARGS) if args.scenario == "field" else " ".join(SERVER_ARGS)
+        given = args.server_args if args.server_args != " ".join(SERVER_ARGS) else default
+        return {given: given.split()}
+    names = list(SETUPS) if args.setups == "all" else [n.strip() for n in args.setups.split(",")]
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        raise SystemExit(f"--setups: unknown set-up {', '.join(unknown)} (valid: "
+                         f"{', '.join(SETUPS)}, all)")
+    return {name: list(SETUPS[name]) for name in names}
+
+
 def run_contention(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    sc = Scenario(stream_tokens=args.stream_tokens, cold_words=args.cold_words,
-                  shorts=args.shorts, arrivals=args.arrivals)
+    sc = scenario(args)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    beside = cpu_competitor if args.competitor else contextlib.nullcontext
     every: list[dict[str, Any]] = []
     for n in range(args.repeat):
-        work = temp_dir("slotwise-contention-")
         if args.repeat > 1:
             console.print(f"[dim]run {n + 1} of {args.repeat}[/dim]")
-        runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
-                              server_args=args.server_args.split(),
-                              log=lambda line: console.print(f"[dim]{line}[/dim]"))
-        results = {path: figures(run, bases["b512" if "512" in path else "default"])
-                   for path, run in runs.items()}
-        print_table(render(results, bases))
-        print_table(estimate_table(results))
-        console.print(f"[dim]logs and timing records in {work}[/dim]")
-        every.append({"results": results,
-                      "baselines": {k: v.__dict__ for k, v in bases.items()}})
-    if args.repeat > 1:
-        print_table(ranges_table([run["results"] for run in every]))
+        one: dict[str, Any] = {}
+        for name, server_args in setups(args).items():
+            work = temp_dir("slotwise-contention-")
+            console.print(f"[dim]set-up {name}[/dim]")
+            runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
+                                  server_args=server_args, beside=beside,
+                                  log=lambda line: console.print(f"[dim]{line}[/dim]"))
+            results = {path: figures(run, bases["b512" if "512" in path else "default"])
+                       for path, run in runs.items()}
+            print_table(render(results, bases))
+            print_table(estimate_table(results))
+            console.print(f"[dim]logs and timing records in {work}[/dim]")
+            one[name] = {"results": results,
+                         "baselines": {k: v.__dict__ for k, v in bases.items()}}
+        every.append(one)
+    if len(every[0]) > 1 or args.repeat > 1:
+        print_table(setups_table(every, _overrides(args.prefill)))
+    if args.repeat > 1 and len(every[0]) == 1:
+        (name,) = every[0]
+        print_table(ranges_table([run[name]["results"] for run in every]))
     if args.json:
         print(orjson.dumps(every[0] if args.repeat == 1 else {"runs": every},
                            option=orjson.OPT_INDENT_2).decode())
     return 0
+
+
+SUMMARY: tuple[tuple[str, str], ...] = (
+    ("streams %", "{:.0f}"), ("gap s", "{:.2f}"), ("short p90 +ms", "{:+.0f}"),
+    ("cold ×", "{:.2f}"), ("share+1/cold×", "{:.2f}"),
+)
+
+
+def summary_figures(fig: dict[str, Any]) -> dict[str, float | None]:
+    """The issue's figures of one path: streams' share, their longest gap, a short turn's p90 over
+    uncontended, the cold request against alone, and what both keep (share + 1/cold×)."""
+    share = fig["stream_rate_pct"] / 100.0 if fig["stream_rate_pct"] is not None else None
+    cold = fig["cold_ttft_x"]
+    p90, base = fig["short_ttft_p90_s"], fig["short_ttft_uncontended_p90_s"]
+    return {"streams %": None if share is None else 100.0 * share,
+            "gap s": fig["stream_max_gap_s"],
+            "short p90 +ms": None if p90 is None or base is None else 1000.0 * (p90 - base),
+            "cold ×": cold,
+            "share+1/cold×": None if share is None or not cold else share + 1.0 / cold}
+
+
+def setups_table(every: list[dict[str, Any]], prefill: dict[str, Any]) -> Table:
+    """One row per set-up and path; with several runs, each figure's median over them."""
+    runs = len(every)
+    what = f"median of {runs} runs" if runs > 1 else "one run"
+    table = figures_table(f"set-ups side by side ({what}, each against its own baselines)")
+    for column in ("set-up", "path", *(label for label, _ in SUMMARY)):
+        table.add_column(column, justify="left" if column in ("set-up", "path") else "right")
+    for name in every[0]:
+        for path in every[0][name]["results"]:
+            cells = []
+            for label, fmt in SUMMARY:
+                values = [summary_figures(run[name]["results"][path])[label] for run in every
+                          if path in run.get(name, {}).get("results", {})]
+                present = [v for v in values if v is not None]
+                cells.append(fmt.format(statistics.median(present)) if present else "–")
+            table.add_row(name, path, *cells)
+    table.caption = (f"max_stall_ms {prefill.get('max_stall_ms', 'default')}; short p90 +ms: short "
+                     "turns' p90 time to first token minus their uncontended p90")
+    return table
 
 
 def ranges_table(runs: list[dict[str, dict[str, Any]]]) -> Table:

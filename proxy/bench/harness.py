@@ -26,8 +26,11 @@ class SlotwiseProcess:
     """`slotwise serve` in its own process (its own core), on a free port, with a TOML config
     written from `tables`."""
 
-    def __init__(self, upstream_url: str, work_dir: Path, **tables: dict[str, Any]) -> None:
+    def __init__(self, upstream_url: str, work_dir: Path, *, env: dict[str, str] | None = None,
+                 **tables: dict[str, Any]) -> None:
         self.work_dir = work_dir
+        self.env = env or {}
+        """Extra environment of the process (PYTHONPATH to run another version of slotwise)."""
         work_dir.mkdir(parents=True, exist_ok=True)
         self.timing_path = work_dir / "timing.jsonl"
         self.config_path = work_dir / "slotwise.toml"
@@ -47,7 +50,8 @@ class SlotwiseProcess:
         stderr = open(self.stderr_path, "wb")  # noqa: SIM115 (handed to the child)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--config", str(self.config_path)],
-            stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=subprocess.DEVNULL, stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, cwd=self.work_dir)
         stderr.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

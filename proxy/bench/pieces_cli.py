@@ -35,6 +35,9 @@ def add_pieces(commands: Any) -> None:
                         help=f"piece sizes in tokens, comma-separated (default {','.join(map(str, SIZES))})")
     pieces.add_argument("--streams", type=int, default=3,
                         help="completions decoding meanwhile (default 3)")
+    pieces.add_argument("--server-args", default=" ".join(SERVER_ARGS),
+                        help="the testbed llama-server's flags (default "
+                             f"{' '.join(SERVER_ARGS)!r}); not with --config")
     pieces.add_argument("--json", action="store_true", help="also print the figures as JSON")
     pieces.set_defaults(handler=run_pieces)
 
@@ -64,7 +67,7 @@ def run_pieces(args: argparse.Namespace) -> int:
             work = temp_dir("slotwise-pieces-")
             model = write_model(work / "model", "small", seed=0)
             server = stack.enter_context(LlamaServer(
-                model.model, args=SERVER_ARGS, log_path=work / "llama-server.log"))
+                model.model, args=args.server_args.split(), log_path=work / "llama-server.log"))
             url, headers, where = server.url, {}, "testbed small model"
         figures = asyncio.run(measure(url, prefix=args.prefix, sizes=sizes,
                                       streams=args.streams, headers=headers))

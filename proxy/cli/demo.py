@@ -32,8 +32,9 @@ def register(subparsers: Any) -> None:
     demo.add_argument("--cold-words", type=int, default=700,
                       help="size of the returning user's history, in words (default 700, "
                            "about 3,400 tokens)")
-    demo.add_argument("--modes", default="off,chunk",
-                      help="prefill modes to compare, comma-separated (default off,chunk)")
+    demo.add_argument("--modes", default="off,chunk,warm",
+                      help="prefill modes to compare, comma-separated (default off,chunk,warm; "
+                           "warm: chunk, and dan's app warms his history when he opens it)")
     demo.set_defaults(handler=run_demo)
 
 
@@ -62,34 +63,60 @@ async def chat(session: aiohttp.ClientSession, url: str, user: str, purpose: str
     return user, result
 
 
-async def play(url: str, cold_words: int) -> list[Felt]:
+async def play(url: str, cold_words: int, *, warm: bool = False) -> list[Felt]:
     """Three users chatting, one coming back with a long history, two short turns meanwhile."""
     hello = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
     quick = [{"role": "user", "content": "Thanks! One word: yes or no?"}]
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
-        return list(await asyncio.gather(
+        dan = (warmed_turn(session, url, history(cold_words, 7)) if warm else
+               chat(session, url, "dan", "first-turn", history(cold_words, 7), 40, 0.8))
+        others = asyncio.gather(
             chat(session, url, "ann", "chat", hello, 700, 0.0),
             chat(session, url, "bob", "chat", hello, 700, 0.1),
             chat(session, url, "cho", "chat", hello, 700, 0.2),
-            chat(session, url, "dan", "first-turn", history(cold_words, 7), 40, 0.8),
             chat(session, url, "eve", "chat", quick, 20, 1.2),
             chat(session, url, "eve", "chat", quick, 20, 2.2),
-        ))
+        )
+        dans, felt = await asyncio.gather(dan, others)
+    return [*felt, *(dans if isinstance(dans, list) else [dans])]
+
+
+# -- warm (docs/warm.md): dan's app warms his history when he opens the conversation --------------
+
+WARM_MODE = "warm"
+"""Not a prefill mode: `chunk`, and dan's app warms his history when he opens the conversation."""
+DAN_OPENS_S = 0.8
+DAN_TYPES_S = 4.0
+"""How long dan reads and types before his turn goes out."""
+
+
+async def warmed_turn(session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]]
+                      ) -> list[Felt]:
+    """Dan opens the conversation (his app warms the history so far), types, then sends his turn.
+    The warm-up is felt as a turn without tokens: when it was asked for."""
+    await asyncio.sleep(DAN_OPENS_S)
+    opened = StreamResult(sent=time.monotonic())
+    headers = {"X-Slotwise-Client": "dan", "X-Slotwise-Purpose": "warm-up"}
+    async with session.post(url + "/slotwise/warm/v1/chat/completions",
+                            json={"messages": messages[:-1]}, headers=headers) as resp:
+        await resp.read()
+    return [("dan", opened), await chat(session, url, "dan", "first-turn", messages, 40, DAN_TYPES_S)]
 
 
 def run_once(server_url: str, work: Path, mode: str, cold_words: int
              ) -> tuple[list[dict[str, Any]], list[Felt]]:
+    prefill = "chunk" if mode == WARM_MODE else mode
     with SlotwiseProcess(server_url, work / f"slotwise-{mode}",
-                         prefill={"mode": mode, "cold_tokens": 1000}) as proxy:
-        felt = asyncio.run(play(proxy.url, cold_words))
+                         prefill={"mode": prefill, "cold_tokens": 1000}) as proxy:
+        felt = asyncio.run(play(proxy.url, cold_words, warm=mode == WARM_MODE))
     return proxy.records(), felt
 
 
 def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
     table = figures_table(f"timing records, prefill mode '{mode}'")
-    columns = ("client", "purpose", "prompt tok", "new tok", "queue ms", "ttft ms", "events",
-               "gap max ms", "worst 3s /s", "during cold /s", "plan")
+    columns = ("client", "purpose", "prompt tok", "new tok", "warmed tok", "queue ms", "ttft ms",
+               "events", "gap max ms", "worst 3s /s", "during cold /s", "plan")
     for column in columns:
         table.add_column(column, justify="left" if column in ("client", "purpose", "plan")
                          else "right")
@@ -97,7 +124,8 @@ def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
         timings = rec.get("timings") or {}
         table.add_row(
             str(rec.get("client")), str(rec.get("purpose")), _n(rec.get("prompt_tokens")),
-            _n(timings.get("prompt_n")), _n(rec.get("queue_ms")), _n(rec.get("ttft_ms")),
+            _n(timings.get("prompt_n", rec.get("fed_tokens"))), _n(rec.get("warmed_tokens")),
+            _n(rec.get("queue_ms")), _n(rec.get("ttft_ms")),
             _n(rec.get("events")), _n(rec.get("gap_max_ms")), _n(rec.get("worst_3s_rate")),
             _n(rate_during_cold(rec)), str(rec.get("prefill_plan")))
     return table
@@ -164,10 +192,11 @@ STREAMERS = ("ann", "bob", "cho")
 
 
 def _rate_during_cold(felt: list[Felt]) -> float | None:
-    dan = next((r for user, r in felt if user == "dan"), None)
-    if dan is None or not dan.tokens:
+    """From dan's first move (his turn, or opening the conversation) to his first token."""
+    dan = next((r for user, r in felt if user == "dan" and r.tokens), None)
+    if dan is None:
         return None
-    lo, hi = dan.sent, dan.tokens[0]
+    lo, hi = min(r.sent for user, r in felt if user == "dan"), dan.tokens[0]
     rates = []
     for user, r in felt:
         if user in STREAMERS and r.tokens and r.tokens[-1] > lo + 0.3:

@@ -1,7 +1,9 @@
 """Reload and shutdown, as an operator asks for them with signals. SIGHUP re-reads the config file:
 a valid one takes effect for new requests (streams in flight keep theirs), an invalid one is refused
-with the same error as at start and the running one stays. SIGTERM or SIGINT stops accepting, lets
-the requests in flight finish within `listen.shutdown_grace_s`, and closes the timing log.
+with the same error as at start and the running one stays; either way the timing log is opened anew
+(so a log rotation that moved the file takes effect), at `log.timing`'s new path if it changed.
+SIGTERM or SIGINT stops accepting, lets the requests in flight finish within
+`listen.shutdown_grace_s`, and closes the timing log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.config import Config, ConfigError, load_config
+from proxy.listener import CUT_WAIT_S, LISTENER
+from proxy.record.timing_log import cannot_open, open_append
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("slotwise")
@@ -25,7 +29,7 @@ ReloadCheck = Callable[[Config], Awaitable[None]]
 
 # Keys read once at start: a reload that changes one is refused rather than half applied.
 RESTART_ONLY = (
-    ("listen", "host"), ("listen", "port"), ("listen", "shutdown_grace_s"), ("log", "timing"),
+    ("listen", "host"), ("listen", "port"), ("listen", "shutdown_grace_s"),
     ("upstream", "connect_timeout_s"), ("upstream", "read_timeout_s"),
 )
 
@@ -69,6 +73,30 @@ def restart_only_check(state: ProxyState) -> ReloadCheck:
     return check
 
 
+def timing_log_check(state: ProxyState) -> ReloadCheck:
+    """A reload check that refuses a `log.timing` that cannot be opened (the running log stays)."""
+
+    async def check(new: Config) -> None:
+        path = Path(new.log.timing)
+        if path == state.timing_log.path:
+            return
+        try:
+            os.close(open_append(path))
+        except OSError as exc:
+            raise cannot_open(path, exc) from exc
+
+    return check
+
+
+def reopen_timing_log(state: ProxyState, path: str | None = None) -> None:
+    """Open the timing log anew (at `path`, else where it is); if that fails, the old file stays."""
+    try:
+        state.timing_log.reopen(path)
+    except OSError as exc:
+        log.error("the timing log stays at %s: %s", state.timing_log.path, cannot_open(
+            path or state.timing_log.path, exc))
+
+
 async def reload_config(state: ProxyState, ops: Operations, path: str | Path) -> ReloadResult:
     """Read `path` and make it the config for new requests, or refuse it and say why."""
     async with ops.lock:
@@ -80,6 +108,7 @@ async def reload_config(state: ProxyState, ops: Operations, path: str | Path) ->
             result = ReloadResult(False, state.config_gen, f"config error: {exc}")
             log.error("config reload refused, generation %d stays in force: %s",
                       state.config_gen, result.message)
+            reopen_timing_log(state)  # a rotation's SIGHUP still moves the log to the new file
         else:
             logging.getLogger().setLevel(new.log.level.upper())
             result = ReloadResult(True, state.config_gen,
@@ -101,6 +130,7 @@ async def run_until_stopped(runner: web.AppRunner) -> None:
     def on_hangup() -> None:
         if ops.config_path is None:
             log.error("SIGHUP: no config file to reload (started without --config)")
+            reopen_timing_log(state)
             return
         task = loop.create_task(reload_config(state, ops, ops.config_path))
         reloads.add(task)
@@ -130,18 +160,29 @@ async def drain(runner: web.AppRunner) -> None:
     grace = state.config.listen.shutdown_grace_s
     log.info("slotwise stopping: %d requests in flight, waiting up to %g s for them",
              len(state.registry), grace)
+    for site in list(runner.sites):  # no new connections
+        await site.stop()
+    listener = runner.app[LISTENER]
+    listener.stop_taking_requests()
+    cut = await listener.finish_requests(grace, CUT_WAIT_S)  # the grace, counted once
+    if cut:
+        log.warning("slotwise stopping: %d requests cut at the end of the %g s grace period",
+                    cut, grace)
     await runner.cleanup()
     log.info("slotwise stopped; %d timing records written to %s",
              state.timing_log.written, state.timing_log.path)
 
 
 def install(app: web.Application) -> None:
-    """The feature: the process's operations record, and the reload check for restart-only keys."""
+    """The feature: the process's operations record, the reload check for restart-only keys, and
+    the timing log's reopening on every reload."""
 
     async def operations_ctx(app: web.Application) -> AsyncIterator[None]:
         state = app[STATE]
         app[OPS] = Operations()
         state.reload_checks.append(restart_only_check(state))
+        state.reload_checks.append(timing_log_check(state))
+        state.reload_hooks.append(lambda new: reopen_timing_log(state, new.log.timing))
         yield
 
     app.cleanup_ctx.append(operations_ctx)

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from proxy.ops.guard import guarded
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Flight, Phase, PrefillPlan
@@ -25,6 +26,7 @@ from proxy.request.endpoints import GENERATING
 from proxy.state import STATE, ProxyState
 
 MAX_PURPOSES = 16  # purposes come from a client header: past this many, the rest count as "other"
+MAX_CLIENTS = 64  # the names of [access] clients; without keys, a header or the body's `user`
 LABELS = ("endpoint", "purpose")
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 GAP_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
@@ -39,6 +41,7 @@ class Metrics:
     def __init__(self, state: ProxyState) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.purposes = Purposes()
+        self.clients = Purposes(MAX_CLIENTS)
         reg = self.registry
         self.queue_wait = Histogram(
             "slotwise_server_queue_wait_seconds",
@@ -55,6 +58,9 @@ class Metrics:
                                      buckets=RATE_BUCKETS, registry=reg)
         self.requests = Counter("slotwise_requests", "Finished requests by outcome",
                                 (*LABELS, "outcome"), registry=reg)
+        self.client_requests = Counter(
+            "slotwise_client_requests", "Finished requests by client (the record's `client`: the "
+            "name of the key with [access] clients) and outcome", ("client", "outcome"), registry=reg)
         self.lora_rewrites = Counter("slotwise_lora_rewrites",
                                      "Requests whose lora field slotwise rewrote", LABELS,
                                      registry=reg)
@@ -74,6 +80,7 @@ class Metrics:
         """Feed one finished timing record (a `ProxyState.record_observers` entry)."""
         labels = self.labels(str(record.kind), record.purpose)
         self.requests.labels(*labels, record.outcome).inc()
+        self.client_requests.labels(self.clients.label(record.client), record.outcome).inc()
         if record.lora_rewritten:
             self.lora_rewrites.labels(*labels).inc()
         plan = record.prefill_plan
@@ -147,7 +154,8 @@ class Purposes:
 
 
 class LiveCollector:
-    """Gauges read at scrape time: requests in flight by phase, the config generation."""
+    """Read at scrape time: requests in flight by phase, the config generation, the timing log's
+    lost records."""
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
@@ -168,6 +176,9 @@ class LiveCollector:
         yield GaugeMetricFamily("slotwise_config_generation",
                                 "The config generation new requests run under (+1 per reload)",
                                 value=self.state.config_gen)
+        yield CounterMetricFamily("slotwise_timing_records_lost",
+                                  "Timing records the timing log could not take (a full disk): "
+                                  "counted, never written later", value=self.state.timing_log.lost)
 
 
 def server_queue_wait_ms(record: Record) -> float | None:
@@ -208,7 +219,7 @@ def install(app: web.Application) -> None:
         yield
 
     app.cleanup_ctx.append(metrics_ctx)
-    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/metrics", guarded(serve_metrics))
 
 
 COST_PARTS = (("fixed", "fixed_ms"), ("per_token", "per_token_ms"),

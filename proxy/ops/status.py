@@ -17,13 +17,17 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import config_to_dict
+from proxy.keep.feature import keep_status
+from proxy.ops.guard import guarded
 from proxy.ops.lifecycle import OPS, Operations
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase
 from proxy.record.schema import Record
 from proxy.record.timing import percentile
+from proxy.request.endpoints import GENERATING
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamCallError
+from proxy.warm.feature import warm_status
 
 RECENT_S = 300.0  # the "last minutes" the page summarises
 RECENT_MAX = 5000  # records kept at most, whatever the rate
@@ -81,7 +85,7 @@ class StatusBoard:
         self.slots = SlotsView()
 
     def observe_record(self, record: Record) -> None:
-        if record.kind in (None, "other", "embeddings"):
+        if record.kind not in GENERATING:
             return
         timings = record.timings or {}
         self.recent.append({
@@ -183,6 +187,8 @@ def snapshot(state: ProxyState, ops: Operations, board: StatusBoard) -> dict[str
                               for r in window[-300:]]},
         "prefill": prefill_view(state.gate.snapshot()),
         "config": config_to_dict(state.config),
+        "timing_log": {"path": str(state.timing_log.path), "written": state.timing_log.written,
+                       "lost": state.timing_log.lost},
     }
 
 
@@ -209,8 +215,10 @@ PAGE = web.AppKey("slotwise_status_page", bytes)
 async def status_json(request: web.Request) -> web.Response:
     state, board = request.app[STATE], request.app[BOARD]
     board.slots.want(state, state.clock())
-    return web.json_response(snapshot(state, request.app[OPS], board),
-                             headers={"Cache-Control": "no-store"})
+    body = snapshot(state, request.app[OPS], board)
+    body["warm"] = warm_status(request.app)  # pending and running warm-ups (proxy/warm)
+    body["keep_kv"] = keep_status(request.app)  # saved conversations' KV (proxy/keep)
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def status_page(request: web.Request) -> web.Response:
@@ -237,6 +245,6 @@ def install(app: web.Application) -> None:
             await asyncio.gather(task, return_exceptions=True)
 
     app.cleanup_ctx.append(status_ctx)
-    app.router.add_get("/slotwise", to_page)
-    app.router.add_get("/slotwise/", status_page)
-    app.router.add_get("/slotwise/status", status_json)
+    app.router.add_get("/slotwise", guarded(to_page))
+    app.router.add_get("/slotwise/", guarded(status_page))
+    app.router.add_get("/slotwise/status", guarded(status_json))  # /slots: here and proxy/keep

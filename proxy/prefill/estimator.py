@@ -6,7 +6,8 @@ else the upstream) and owns the cache model, which each finished request correct
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy.config import ConfigError, PrefillConfig
@@ -19,6 +20,8 @@ from proxy.estimate import (
     UpstreamTokenizer,
     estimate,
 )
+from proxy.estimate.ids_cache import PromptIdsCache, body_key
+from proxy.prefill.layout import ServerLayout, layout_advice, read_layout
 from proxy.upstream import UpstreamCallError, UpstreamClient
 
 log = logging.getLogger("slotwise.prefill")
@@ -31,14 +34,18 @@ PROPS_TIMEOUT_S = 5.0
 class Estimator:
     """Prompt ids and an `Estimate` per request body; `learn` after each request and piece."""
 
-    def __init__(self, upstream: UpstreamClient) -> None:
+    def __init__(self, upstream: UpstreamClient, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._upstream = upstream
+        self._clock = clock
+        self.ids_cache = PromptIdsCache()
+        """The prompt ids of recent bodies: a body rendered for a router is not tokenized again."""
         self._server_tokenizer = UpstreamTokenizer(upstream)
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
-        self.upstream_slots: int | None = None
-        """llama-server's slot count, once `/props` has been read."""
+        self.layout = ServerLayout()
+        """llama-server's slots and KV layout, once `/props` has been read."""
 
     async def prepare(self, config: PrefillConfig) -> None:
         """Load the in-process tokenizer `config` names (ConfigError if it cannot be loaded)."""
@@ -60,50 +67,39 @@ class Estimator:
                        body: Mapping[str, Any]) -> tuple[list[int], Estimate]:
         """Raises EstimateError when the prompt cannot be known ahead (the caller fails open)."""
         if not self._props_read:
-            await self.read_props()
-            advice = slot_advice(config.mode, self.upstream_slots)
-            if advice:
-                log.warning("%s", advice)
-        ids = await self.tokenizer(config).tokenize_request(kind, body)
+            await self.read_props(config.mode)
+        ids = await self.prompt_ids(config, kind, body)
         return ids, estimate(ids, self.cache)
+
+    async def prompt_ids(self, config: PrefillConfig, kind: str, body: Mapping[str, Any]) -> list[int]:
+        """The prompt's ids as the server will see them: from the cache of recent bodies, else
+        from the tokenizer in use (then cached). Raises EstimateError."""
+        key = body_key(kind, config.tokenizer_model, body)
+        ids = self.ids_cache.get(key, self._clock())
+        if ids is None:
+            ids = await self.tokenizer(config).tokenize_request(kind, body)
+            self.ids_cache.put(key, ids, self._clock())
+        return ids
 
     def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
         """The server processed `ids` and reported `cache_n`: update the cache model."""
         self.cache.record(ids, cache_n)
 
-    async def read_props(self) -> None:
-        """Size the cache model from `/props` (slots, per-slot context); retried until it works."""
+    async def read_props(self, mode: str) -> None:
+        """Size the cache model from `/props` (slots, per-slot context), and log once what in the
+        server's layout costs `mode` a lot; retried until `/props` answers."""
         try:
             props = await self._upstream.get_json("/props", timeout_s=PROPS_TIMEOUT_S)
         except UpstreamCallError as exc:
             log.debug("cannot read /props yet: %s", exc)
             return
+        try:
+            models = await self._upstream.get_json("/v1/models", timeout_s=PROPS_TIMEOUT_S)
+        except UpstreamCallError:
+            models = None  # the layout is then partly unknown
         self._props_read = True
-        slots, ctx = _slots_and_ctx(props)
-        self.upstream_slots = slots
-        if slots and ctx:
-            self.cache = CacheModel(slots, ctx)
-
-
-MIN_CHUNK_SLOTS = 3
-"""`chunk` needs a slot for the prompt being fed, one per stream, and one free for short turns."""
-
-
-def slot_advice(mode: str, slots: int | None) -> str | None:
-    """A warning when the server has too few slots for `chunk` to keep short turns quick."""
-    if mode != "chunk" or slots is None or slots >= MIN_CHUNK_SLOTS:
-        return None
-    return (f"prefill.mode = chunk, but llama-server has {slots} slot(s): a short turn will take "
-            "the slot of the prompt being fed and llama-server will copy that prefix to RAM and "
-            "back; run it with -np N, N = the streams you expect at peak plus two "
-            "(docs/prefill.md, 'llama-server flags that work best')")
-
-
-def _slots_and_ctx(props: Any) -> tuple[int | None, int | None]:
-    if not isinstance(props, dict):
-        return None, None
-    settings = props.get("default_generation_settings")
-    ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    slots = props.get("total_slots")
-    return (slots if isinstance(slots, int) and slots > 0 else None,
-            ctx if isinstance(ctx, int) and ctx > 0 else None)
+        self.layout = read_layout(props, models)
+        if self.layout.slots and self.layout.slot_ctx:
+            self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx)
+        for advice in layout_advice(mode, self.layout):
+            log.warning("%s", advice)

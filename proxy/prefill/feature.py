@@ -18,6 +18,8 @@ from proxy.prefill.gate import PrefillGate
 from proxy.state import STATE
 
 GATE = web.AppKey("slotwise_prefill_gate", PrefillGate)
+ESTIMATOR = web.AppKey("slotwise_estimator", Estimator)
+"""The prompt ids of a body (the cluster feature's /render uses the same tokenizer and cache)."""
 
 
 def install(app: web.Application) -> None:
@@ -36,12 +38,18 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
                        feeder=PieceFeeder(state.upstream),
                        registry=state.registry, clock=state.clock)
     app[GATE] = gate
+    app[ESTIMATOR] = estimator
     state.gate = gate
     state.registry.subscribe(gate.on_phase)
     state.reload_checks.append(check)
     state.reload_hooks.append(lambda new: gate.reconfigure(new.prefill))
+    async def read_layout() -> None:  # at start (and its warning), not at the first request
+        if state.config.prefill.mode != "off":
+            await estimator.read_props(state.config.prefill.mode)
+
     try:
-        async with background(gate.run(), "slotwise-prefill-tick"):
+        async with background(gate.run(), "slotwise-prefill-tick"), \
+                background(read_layout(), "slotwise-layout"):
             yield
     finally:
         await gate.close()

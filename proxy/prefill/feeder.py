@@ -32,7 +32,10 @@ class PieceResult:
 
     @property
     def batch_ms(self) -> float:
-        """The piece's batch time as best known (what the streams stalled for)."""
+        """The piece's batch time as best known (what the streams stalled for). Not the wall time:
+        a piece sent while every slot is busy waits in the server's queue first, and a model fed
+        that wait (seen: 64-token pieces "costing" 800 ms on four busy slots) sizes pieces for
+        a slower machine than the one there is."""
         return self.prompt_ms if self.prompt_ms is not None else self.elapsed_ms
 
 

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,8 @@ class _Request:
     release: asyncio.Future[Release] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     piece: asyncio.Task[None] | None = None
+    logged: tuple[str, int] | None = None
+    """The strategy and piece-size band last logged at info (`_log_choice`)."""
 
 
 class PrefillGate:
@@ -74,6 +76,11 @@ class PrefillGate:
         self._ids: dict[str, list[int]] = {}  # their prompt ids, to correct the cache model
         self._deciding: dict[str, _Request] = {}
         self._wake = asyncio.Event()
+        # warm: set by proxy/warm/feature.py; ends this conversation's warm-up before the estimate
+        self.warm: Callable[[Flight, dict[str, Any]], Awaitable[None]] | None = None
+        # keep_kv: set by proxy/keep/feature.py; restores a saved conversation before the policy
+        self.keep: Callable[[Flight, list[int], Estimate, str | None],
+                            Awaitable[tuple[Estimate, str | None]]] | None = None
 
     @property
     def policy(self) -> PrefillPolicy:
@@ -87,6 +94,8 @@ class PrefillGate:
         `flight.prefill` as it happens, so a client that leaves meanwhile still has it."""
         if flight.kind not in GENERATING:
             return
+        if self.warm is not None:  # warm (proxy/warm): its work is then in the cache model
+            await self.warm(flight, body)
         cfg = self._cfg
         key = f"{flight.id}#{next(self._seq)}"
         if cfg.mode == "off":  # no estimate: zero added latency; still tracked as generating
@@ -94,6 +103,8 @@ class PrefillGate:
             self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
             return
         ids, est, note = await self._estimate(cfg, flight.kind, body)
+        if self.keep is not None and ids:  # keep_kv (proxy/keep): restored prefix is then cached
+            est, note = await self.keep(flight, ids, est, note)
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
@@ -187,8 +198,21 @@ class PrefillGate:
         if request is None:  # cannot happen: the policy feeds only requests it holds
             log.error("the policy fed a piece of %s, which the gate does not hold", decision.req_id)
             return
+        self._log_choice(request)
         request.piece = asyncio.create_task(self._piece(request, decision.upto_tokens),
                                             name=f"slotwise-piece-{request.key}")
+
+    def _log_choice(self, request: _Request) -> None:
+        """One line when a cold request's way on changes (a strategy, or a piece size band), so the
+        operator's log says what the batch cost made of this server; every piece at debug."""
+        choice = self._policy.snapshot().choice
+        if choice is None:
+            return
+        what = (choice.strategy.value, choice.piece_tokens.bit_length())
+        level = logging.INFO if what != request.logged else logging.DEBUG
+        request.logged = what
+        log.log(level, "prefill %s: %s of %d tokens (~%.0f ms predicted): %s", request.key,
+                choice.strategy.value, choice.piece_tokens, choice.predicted_piece_ms, choice.reason)
 
     async def _piece(self, request: _Request, upto: int) -> None:
         # The prompt's computation starts with its first piece: from then on it is a prefill

@@ -21,6 +21,8 @@ class HeldRequest:
     """The prefix a piece in flight computes; None between pieces."""
     next_piece_at: float = 0.0
     pieces_done: int = 0
+    largest_piece: int | None = None
+    """The most tokens one of its pieces computed (the strategy's ramp)."""
     choice: PieceChoice | None = None
     """`chunk`: how the batch cost said it should go on, last time it was asked."""
     hold_until: float | None = None

@@ -21,14 +21,28 @@ from proxy.prefill.events import (
     Reject,
 )
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.sizing import PIECE_ALIGN, next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import ChunkKnobs, PieceChoice, Situation, Strategy, choose_piece
+from proxy.prefill.strategy import (
+    RAMP,
+    ChunkKnobs,
+    PieceChoice,
+    Situation,
+    Strategy,
+    choose_piece,
+    piece_sizes,
+)
 from proxy.record.flight import Phase
 
-LEARN_MIN_TOKENS = 16
-"""A finished request teaches the batch cost only if it computed at least this many tokens (fewer
-are mostly the server's per-request overhead, not a batch)."""
+LEARN_MIN_TOKENS = 256
+"""A finished request teaches the batch cost only if it computed at least this many tokens. Short
+turns are left out: their prompt time is mostly per-request work, and with one shared KV they attend
+over other slots' cells the model does not see, so they read as a much cheaper machine than the
+one a piece meets (seen: pieces predicted at 85 ms that took 240)."""
+IDLE_WHOLE = 4.0
+"""Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
+IDLE_STALL = 4.0
+"""Rule 7: otherwise its pieces fill up to this × `max_stall_ms`, back to back."""
 SENT_GRACE_S = 0.5
 """Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
 only once it starts); the next piece waits for it this long at most, since a non-streamed request
@@ -53,11 +67,16 @@ class PrefillPolicy:
         (strategy.py, its own numbered rules) picks from the fitted batch cost at its prefix:
         PIECES or LARGER_PIECES: fed as cumulative token-id prefixes, FeedPiece(upto), starting
         after the tokens already cached; after each piece a pause of piece_time * (1 - share) /
-        share (`on_tick` sends the next piece). WHOLE (the rest fits one piece, or no option beats
-        sending it): the real request is forwarded. HOLD: held like `defer` until the hold the
-        strategy chose ends (then forwarded whole), or nobody generates (rule 7).
-     7. `chunk`: as soon as nobody is generating, the real request is forwarded at once (full
-        speed); a piece already in flight is let finish first, since its work is kept in the cache.
+        share (`on_tick` sends the next piece), share = `prefill_share`, or more when the cold
+        request would otherwise take over `max_cold_factor` × its time alone. WHOLE (the rest
+        fits one piece, or no option beats sending it): the real request is forwarded. HOLD:
+        held like `defer` until the hold the strategy chose ends (then forwarded whole), or
+        nobody generates (rule 7).
+     7. `chunk`: as soon as nobody is generating, the rest goes at full speed: forwarded at once if
+        its predicted time is under IDLE_WHOLE × `max_stall_ms`, else fed in pieces of up to
+        IDLE_STALL × `max_stall_ms` back to back (in a chat, users pause between turns; one who
+        comes back waits for one such piece, not for the whole rest). A piece already in flight is
+        let finish first, since its work is kept in the cache.
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
         is unchanged: the next piece still waits for its pause, and also while any other request
         is computing its prompt (PREFILLING) or was sent less than SENT_GRACE_S ago and has not
@@ -129,7 +148,8 @@ class PrefillPolicy:
         self._cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms, self._decoders())
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
-        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._cfg.prefill_share)
+        held.largest_piece = max(held.largest_piece or 0, tokens)
+        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._share(held, now))
         return self._advance(now)
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
@@ -183,13 +203,14 @@ class PrefillPolicy:
             return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
         return max(held.next_piece_at, self._sent_grace_end())
 
-    def choice(self, done_tokens: int, remaining_tokens: int) -> PieceChoice:
+    def choice(self, done_tokens: int, remaining_tokens: int,
+               largest_piece: int | None = None) -> PieceChoice:
         """How a cold request at this point would go on now (rule 6), from the fitted cost."""
         knobs = ChunkKnobs(max_stall_ms=self._cfg.max_stall_ms, n_batch=self._n_batch,
                            prefill_share=self._cfg.prefill_share,
                            max_hold_ms=self._cfg.max_hold_s * 1000.0)
         situation = Situation(done_tokens=done_tokens, remaining_tokens=remaining_tokens,
-                              decoders=self._decoders())
+                              decoders=self._decoders(), largest_piece=largest_piece)
         return choose_piece(self._cost.cost, situation, knobs)
 
     def snapshot(self) -> PolicySnapshot:
@@ -247,14 +268,14 @@ class PrefillPolicy:
             return []
         if held.piece_upto is not None:
             return []
+        rest = held.req.est_prompt_tokens - held.done_upto
         if not self._in_flight:
-            return self._release(held.release("nobody generating"), now)
+            return self._idle(held, rest, now)
         if held.hold_until is not None:
             if now < held.hold_until:
                 return []
             return self._release(held.release("held as the batch cost chose"), now)
-        rest = held.req.est_prompt_tokens - held.done_upto
-        choice = held.choice = self.choice(held.done_upto, rest)
+        choice = held.choice = self.choice(held.done_upto, rest, held.largest_piece)
         if choice.strategy is Strategy.WHOLE:
             return self._release(held.release(choice.reason), now)
         if choice.strategy is Strategy.HOLD:
@@ -264,6 +285,37 @@ class PrefillPolicy:
             return []
         held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
         return [FeedPiece(req_id, held.piece_upto)]
+
+    def _idle(self, held: HeldRequest, rest: int, now: float) -> list[Decision]:
+        """Rule 7: nobody generates. The rest goes whole if it is short; else it is fed in pieces
+        of up to IDLE_STALL × `max_stall_ms` back to back, so somebody who comes back meanwhile (a
+        chat user's next turn) waits for one piece, not for the whole rest."""
+        cost = self._cost.cost
+        if cost.prompt_ms(rest, held.done_upto, self._n_batch) <= IDLE_WHOLE * self._cfg.max_stall_ms:
+            return self._release(held.release("nobody generating"), now)
+        cap = min(self._n_batch, RAMP * held.largest_piece if held.largest_piece else self._n_batch)
+        budget = IDLE_STALL * self._cfg.max_stall_ms
+        fits = [n for n in piece_sizes(cap) if cost.batch_ms(n, held.done_upto) <= budget]
+        held.piece_upto = next_upto(held.done_upto, max(fits, default=PIECE_ALIGN))
+        return [FeedPiece(held.req.req_id, held.piece_upto)]
+
+    def _share(self, held: HeldRequest, now: float) -> float:
+        """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request
+        would otherwise take longer than `max_cold_factor` × its time alone (as the batch cost
+        predicts it): the pauses shrink to what keeps it within that."""
+        factor = self._cfg.max_cold_factor
+        if factor <= 0:
+            return self._cfg.prefill_share
+        cost, req = self._cost.cost, held.req
+        cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
+        alone_ms = cost.prompt_ms(req.est_new_tokens, cached, self._n_batch)
+        rest = req.est_prompt_tokens - held.done_upto
+        piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
+        rest_ms = cost.prompt_ms(rest, held.done_upto, piece, self._decoders())
+        left_ms = factor * alone_ms - (now - req.now) * 1000.0
+        if left_ms <= rest_ms:
+            return 1.0
+        return min(1.0, max(self._cfg.prefill_share, rest_ms / left_ms))
 
     def _decoders(self, besides: str | None = None) -> int:
         """Requests decoding now (their tokens share every batch)."""

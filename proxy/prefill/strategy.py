@@ -22,8 +22,11 @@ With δ = 0: Q(n) = 1 - (C(n) - C_off)/(C(n) + P(n)). Chunking loses exactly the
 smaller batches, (k - k_off) fixed parts: tiny pieces on a machine whose fixed part is 1.5 s lose
 nearly everything, while pieces of n_batch reach off's trade. And Q ≥ Q_off - ε ⟺ F·(1 - S) ≤ 1 + ε·F:
 the streams' stalled time, in units of the cold prompt alone, is at most what off stalls them plus
-ε·F, the price of never freezing them. ε = TRADE_SLACK = 0.1 is the issue's aim (Q ≥ 0.9 against
-off's ≈ 1). A hold reaches off's trade too, and so do pieces of n_batch, so the trade alone cannot
+ε·F, the price of never freezing them. ε = TRADE_SLACK = 0.25: the predicted trade of ordinary
+pieces sits within a few hundredths of 0.9 (measured 0.94 on the recommended set-up), and a model
+fitted from a few pieces errs by about that much, so a tighter floor would turn good pieces into
+long ones on a model's whim; the disasters it guards against (tiny pieces on a busy machine) trade
+0.1-0.5. A hold reaches off's trade too, and so do pieces of n_batch, so the trade alone cannot
 choose between larger pieces and a hold: pieces win when they stall the streams no longer than off
 (rule 5), since they also bound what the cold request pays; otherwise the hold does (rule 6).
 """
@@ -40,8 +43,15 @@ from proxy.prefill.sizing import PIECE_ALIGN
 STALL_SLACK = 2.0
 """Rule 4: pieces keep their promise while the next one is predicted within this × `max_stall_ms`
 (the issue allows the streams' longest gap up to 2 × `max_stall_ms`)."""
-TRADE_SLACK = 0.1
+TRADE_SLACK = 0.25
 """Rule 3: an option whose trade is below off's minus this is never chosen."""
+TARGET_TRADE = 0.9
+"""Rule 4: what fitting pieces should keep (the streams' share + the cold request's share); issue #8's aim."""
+STRETCH = 1.5
+"""Rule 4: how far past `max_stall_ms` a piece may grow to reach TARGET_TRADE."""
+RAMP = 2
+"""Rule 1: a piece is at most this × the largest piece already measured for the request, so a model
+fitted on small pieces at a short prefix errs by at most one moderately longer batch."""
 HOLD_COLD_FACTOR = 3.0
 """Rule 6: a hold ends by the time the cold request would have taken this × its time alone (the issue's
 aim for the cold request on a busy machine)."""
@@ -67,6 +77,13 @@ class Situation:
     """Other requests generating."""
     decode_step_ms: float | None = None
     """Their decode step alone (None: not known, nothing counted inside a batch)."""
+    largest_piece: int | None = None
+    """The largest piece already measured for this request (None: none yet)."""
+
+    def piece_cap(self, n_batch: int) -> int:
+        """Rule 1's ramp: RAMP × the largest piece measured (`n_batch` before the first: the first
+        is sized by the model as it stands, which is the conservative prior on a new server)."""
+        return min(n_batch, RAMP * self.largest_piece) if self.largest_piece else n_batch
 
 
 @dataclass(frozen=True)
@@ -119,7 +136,7 @@ def piece_sizes(n_batch: int) -> list[int]:
 
 def fitting_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> int:
     """The largest size whose batch at the current prefix is predicted within `max_stall_ms` (64 if none)."""
-    fits = [n for n in piece_sizes(knobs.n_batch)
+    fits = [n for n in piece_sizes(sit.piece_cap(knobs.n_batch))
             if cost.batch_ms(n, sit.done_tokens, sit.decoders) <= knobs.max_stall_ms]
     return max(fits, default=PIECE_ALIGN)
 
@@ -164,18 +181,23 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
 
     Rules (tests/test_strategy.py follows them one to one):
      1. Piece sizes are multiples of 64 from 64 to `n_batch`. The fitting piece is the largest one
-        whose batch at the current prefix is predicted within `max_stall_ms`; 64 if none is.
+        whose batch at the current prefix is predicted within `max_stall_ms`; 64 if none is; and at
+        most RAMP × the largest piece already measured for the request, so a model fitted on small
+        pieces at a short prefix errs by at most one moderately longer batch.
      2. WHOLE when the rest is no larger than the fitting piece: one more piece would be all of it.
      3. Never worse than off for everyone: an option whose trade is below off's − TRADE_SLACK is
         never chosen (the module docstring derives why that bounds the streams' stalled time).
      4. PIECES of the fitting piece when rule 3 allows them and the piece is predicted within
-        STALL_SLACK × `max_stall_ms`.
+        STALL_SLACK × `max_stall_ms`; but when their trade is below TARGET_TRADE, the smallest
+        larger piece (within the ramp) that reaches it while predicted within STRETCH ×
+        `max_stall_ms` (if none does, the fitting piece): a slightly longer batch that stops
+        the fixed part from eating the cold request's time.
      5. Otherwise the pieces cannot keep their promise, and the trade decides. Bigger pieces amortise
         the fixed part: from the fitting piece up, take the smallest size that still cuts the rest in
-        two or more, whose trade is within TRADE_KNEE of the best size's (past it a bigger piece only
-        lengthens the gaps), that rule 3 allows, and whose longest batch is no longer than off's (a
-        piece that stalls the streams longer than off would is no help to them): LARGER_PIECES, or
-        PIECES if it is the fitting piece itself.
+        two or more, whose trade reaches TARGET_TRADE or is within TRADE_KNEE of the best size's
+        (past it a bigger piece only lengthens the gaps), that rule 3 allows, and whose longest
+        batch is no longer than off's (a piece that stalls the streams longer than off would is no
+        help to them): LARGER_PIECES, or PIECES if it is the fitting piece itself.
      6. HOLD when no size qualifies, like `defer`: for at most `max_hold_ms`, and at most until the
         cold request has waited HOLD_COLD_FACTOR × its time alone. Its worst case (the streams
         generate throughout) is off's trade, and they keep their full speed while it lasts.
@@ -191,8 +213,11 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
     fit_ms = cost.batch_ms(fit, sit.done_tokens, sit.decoders)
     stall = f"(max_stall_ms {knobs.max_stall_ms:g})"
     if first.trade >= floor and fit_ms <= STALL_SLACK * knobs.max_stall_ms:
-        return _choice(Strategy.PIECES, fit, fit_ms, first, off,
-                       f"{fit}-token pieces of ~{_dur(fit_ms)} {stall}{_keeps(first)}")
+        n, outlook = _stretch(cost, fit, first, sit, knobs)
+        n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+        stretched = "" if n == fit else f", stretched from {fit} to reach trade {TARGET_TRADE:g}"
+        return _choice(Strategy.PIECES, n, n_ms, outlook, off,
+                       f"{n}-token pieces of ~{_dur(n_ms)} {stall}{stretched}{_keeps(outlook)}")
     why = f"{fit}-token pieces would take ~{_dur(fit_ms)} {stall}" + (
         "" if first.trade >= floor else f" and trade {first.trade:.2f} against off's {off.trade:.2f}")
     knee = _knee(cost, fit, sit, knobs, floor, off)
@@ -211,6 +236,23 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
                        f"forwarded whole")
 
 
+def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
+             knobs: ChunkKnobs) -> tuple[int, Outlook]:
+    """Rule 4's size: the fitting piece, or the smallest larger one within the ramp and STRETCH ×
+    `max_stall_ms` whose trade reaches TARGET_TRADE."""
+    if first.trade >= TARGET_TRADE:
+        return fit, first
+    for n in piece_sizes(sit.piece_cap(knobs.n_batch)):
+        if n <= fit or n >= sit.remaining_tokens:
+            continue
+        if cost.batch_ms(n, sit.done_tokens, sit.decoders) > STRETCH * knobs.max_stall_ms:
+            break
+        outlook = pieces_outlook(cost, n, sit, knobs)
+        if outlook.trade >= TARGET_TRADE:
+            return n, outlook
+    return fit, first
+
+
 def _knee(cost: BatchCost, fit: int, sit: Situation, knobs: ChunkKnobs,
           floor: float, off: Outlook) -> tuple[int, Outlook] | None:
     """Rule 5's size: the smallest from `fit` up that still makes two pieces or more, within TRADE_KNEE
@@ -218,7 +260,7 @@ def _knee(cost: BatchCost, fit: int, sit: Situation, knobs: ChunkKnobs,
     outlooks = [(n, pieces_outlook(cost, n, sit, knobs)) for n in piece_sizes(knobs.n_batch) if n >= fit]
     best = max(o.trade for _, o in outlooks)
     near = [(n, o) for n, o in outlooks
-            if n < sit.remaining_tokens and o.trade >= max(best - TRADE_KNEE, floor)
+            if n < sit.remaining_tokens and o.trade >= max(min(best - TRADE_KNEE, TARGET_TRADE), floor)
             and o.longest_batch_ms <= off.longest_batch_ms * (1 + 1e-9)]
     return near[0] if near else None
 

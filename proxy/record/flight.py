@@ -3,7 +3,9 @@
 `Flight` is created by the handler at arrival and read once at the end to make the typed `Record`.
 Every field says who sets it: the handler (at arrival and on its own errors), the intake (the body
 and its rewrite), the registry (phase and the prefill's place on the time axis), the prefill gate
-(`prefill`), the observer (what the upstream answered). Nobody else writes it.
+(`prefill`), the observer (what the upstream answered), the warmer (`warmed_tokens`, `warm_ids`),
+the keeper of saved KV (`restored_tokens`, `kv_bytes`).
+Nobody else writes it.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class Flight:
     config_gen: int
     timer: RequestTimer
     client: str | None = None
-    """X-Slotwise-Client; the intake falls back to the body's `user`."""
+    """X-Slotwise-Client; the intake falls back to the body's `user`, then X-User-Id, X-Session-Id."""
     purpose: str | None = None
+    node: str | None = None
+    """The name of the node that served it (`cluster.node`, else HOSTNAME:PORT)."""
 
     # -- the intake: the body and its rewrite -------------------------------------------------------
     stream: bool = False
@@ -82,8 +86,8 @@ class Flight:
     inflight_at_start: list[str] = field(default_factory=list)
     prefill_start: float | None = None
     prefill_end: float | None = None
-    prefill_peers: list[Flight] = field(default_factory=list)
-    """Others whose prefill overlapped this one's life."""
+    prefill_peers: list[PrefillSpan] = field(default_factory=list)
+    """The prefills of others that overlapped this one's life (values, never the others)."""
 
     # -- the prefill gate -------------------------------------------------------------------------------
     prefill: PrefillFacts = field(default_factory=PrefillFacts)
@@ -101,6 +105,18 @@ class Flight:
     """The latest progress chunk's `processed` (the status page)."""
     decoded: int = 0
 
+    # -- the warm-ups (proxy/warm, the prefill gate's `warm` hook) ------------------------------------
+    warmed_tokens: int = 0
+    """Prompt tokens of this request that warm-ups computed ahead of it."""
+    warm_ids: list[str] = field(default_factory=list)
+    """The warm-ups that computed them."""
+
+    # -- keep_kv (proxy/keep, the prefill gate's `keep` hook; the keeper's own save/restore records) --
+    restored_tokens: int = 0
+    """Prompt tokens of this request restored from a file slotwise saved, just before it was sent."""
+    kv_bytes: int = 0
+    """A `kv_save`/`kv_restore` record's file size (written or read)."""
+
     def prefilling(self) -> bool:
         """Its prompt is being computed now: by the server, or (chunk mode) in pieces fed ahead."""
         return self.prefill_start is not None and self.prefill_end is None
@@ -111,3 +127,39 @@ class Flight:
         if self.computed_tokens is None:
             return fed or None
         return self.computed_tokens + fed
+
+
+class PrefillSpan:
+    """One request's prefill as the records of the others in flight see it: its id, start, end
+    and computed tokens. While the request is in flight they are read from its `Flight`; when it
+    ends the registry closes the span, which keeps the figures and lets the `Flight` go, so a long
+    request never keeps the requests that prefilled during its life in memory."""
+
+    __slots__ = ("_end", "_flight", "_start", "_tokens", "id")
+
+    def __init__(self, flight: Flight) -> None:
+        self.id = flight.id
+        self._flight: Flight | None = flight
+        self._start: float | None = None
+        self._end: float | None = None
+        self._tokens: int | None = None
+
+    def close(self) -> None:
+        """The request has ended: keep its figures as they are now."""
+        if (flight := self._flight) is not None:
+            self._start, self._end = flight.prefill_start, flight.prefill_end
+            self._tokens = flight.all_computed_tokens()
+            self._flight = None
+
+    @property
+    def start(self) -> float | None:
+        return self._flight.prefill_start if self._flight is not None else self._start
+
+    @property
+    def end(self) -> float | None:
+        return self._flight.prefill_end if self._flight is not None else self._end
+
+    @property
+    def computed_tokens(self) -> int | None:
+        """Every prompt token the server computed for it: its own and its pieces'."""
+        return self._flight.all_computed_tokens() if self._flight is not None else self._tokens

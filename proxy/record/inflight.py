@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 
-from proxy.record.flight import Flight, Phase
+from proxy.record.flight import Flight, Phase, PrefillSpan
 
 log = logging.getLogger("slotwise.inflight")
 
@@ -20,6 +20,7 @@ Listener = Callable[[Flight, Phase, Phase, float], None]
 class Registry:
     def __init__(self) -> None:
         self._live: dict[str, Flight] = {}
+        self._spans: dict[Flight, PrefillSpan] = {}  # the live requests' prefills, once started
         self._listeners: list[Listener] = []
 
     def subscribe(self, listener: Listener) -> None:
@@ -36,7 +37,7 @@ class Registry:
 
     def add(self, flight: Flight, now: float) -> None:
         flight.inflight_at_start = list(self._live)
-        flight.prefill_peers = [f for f in self._live.values() if f.prefilling()]
+        flight.prefill_peers = [self._span(f) for f in self._live.values() if f.prefilling()]
         self._live[flight.id] = flight
         self._notify(flight, Phase.DONE, flight.phase, now)
 
@@ -58,9 +59,14 @@ class Registry:
         if flight.prefill_start is not None:
             return
         flight.prefill_start = now
+        if flight.phase is Phase.DONE:  # a piece that started as its request ended
+            span = PrefillSpan(flight)
+            span.close()
+        else:
+            span = self._span(flight)
         for other in self._live.values():
             if other is not flight:
-                other.prefill_peers.append(flight)
+                other.prefill_peers.append(span)
 
     def place_prefill(self, flight: Flight, start: float, end: float) -> None:
         """A prefill seen only afterwards (a non-streamed answer's totals) put on the time axis."""
@@ -70,6 +76,15 @@ class Registry:
     def finish(self, flight: Flight, now: float) -> None:
         self.move(flight, Phase.DONE, now)
         self._live.pop(flight.id, None)
+        if (span := self._spans.pop(flight, None)) is not None:
+            span.close()  # the others' records keep its figures, not the request
+
+    def _span(self, flight: Flight) -> PrefillSpan:
+        """The live request's prefill as the others' records see it (made once)."""
+        span = self._spans.get(flight)
+        if span is None:
+            span = self._spans[flight] = PrefillSpan(flight)
+        return span
 
     def _notify(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
         for listener in self._listeners:

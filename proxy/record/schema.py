@@ -14,6 +14,12 @@ from typing import Any
 import orjson
 
 from proxy.record.flight import Flight
+from proxy.request.clientstrings import MAX_CHARS, clean_id, clean_text, safe_text
+
+MAX_PATH_CHARS = 512
+MAX_ERROR_CHARS = 1000
+MAX_LORA_BYTES = 2048
+"""A `lora` field larger than this as JSON is not copied into the record (it is the client's value)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,11 @@ class Record:
     est_prompt_tokens: int | None = None
     est_new_tokens: int | None = None
     policy_note: str | None = None
+    node: str | None = None
+    warmed_tokens: int = 0
+    warm_ids: tuple[str, ...] = ()
+    restored_tokens: int = 0
+    kv_bytes: int = 0
 
     def to_json(self) -> bytes:
         """The timing log's line for this record, newline included."""
@@ -90,26 +101,44 @@ OVERLAP_FIELDS = tuple(f.name for f in fields(Overlap))
 
 
 def build_record(flight: Flight) -> Record:
+    """The record of a finished request. Every string the client chose is capped and printable
+    already (`proxy/request/clientstrings.py`); they are made safe once more here, so a record can
+    always be written as JSON whatever reached the `Flight`."""
     timer, prefill = flight.timer, flight.prefill
     figures = timer.figures()
     return Record(
-        id=flight.id,
+        id=clean_id(flight.id, MAX_CHARS + 8) or "-",
         start=datetime.fromtimestamp(flight.wall_start, UTC).isoformat(timespec="milliseconds"),
-        method=flight.method, endpoint=flight.endpoint, kind=str(flight.kind),
-        status=flight.status, stream=flight.stream, outcome=flight.outcome, error=flight.error,
-        client=flight.client, purpose=flight.purpose, config_gen=flight.config_gen,
+        method=safe_text(flight.method, 32), endpoint=safe_text(flight.endpoint, MAX_PATH_CHARS),
+        kind=str(flight.kind), status=flight.status, stream=flight.stream, outcome=flight.outcome,
+        error=safe_text(flight.error, MAX_ERROR_CHARS),
+        client=clean_text(flight.client), purpose=clean_text(flight.purpose),
+        config_gen=flight.config_gen,
         bytes_in=flight.bytes_in, bytes_out=flight.bytes_out,
         **figures,
         prefill_wait_ms=prefill_wait_ms(flight, flight.timings),
         prompt_tokens=flight.prompt_tokens, computed_tokens=flight.computed_tokens,
         fed_tokens=prefill.fed_tokens, timings=flight.timings,
-        lora_in=flight.lora_in, lora_out=flight.lora_out, lora_rewritten=flight.lora_rewritten,
-        progress_added=flight.progress_added,
+        lora_in=bounded_lora(flight.lora_in), lora_out=bounded_lora(flight.lora_out),
+        lora_rewritten=flight.lora_rewritten, progress_added=flight.progress_added,
         inflight_at_start=tuple(flight.inflight_at_start), overlaps=overlaps(flight),
         prefill_plan=str(prefill.plan), held_ms=prefill.held_ms, pieces=prefill.pieces,
         est_prompt_tokens=prefill.est_prompt_tokens, est_new_tokens=prefill.est_new_tokens,
-        policy_note=prefill.note,
+        policy_note=safe_text(prefill.note, MAX_ERROR_CHARS), node=flight.node,
+        warmed_tokens=flight.warmed_tokens, warm_ids=tuple(flight.warm_ids),
+        restored_tokens=flight.restored_tokens, kv_bytes=flight.kv_bytes,
     )
+
+
+def bounded_lora(value: Any) -> Any:
+    """A `lora` field as it is, unless its JSON is over `MAX_LORA_BYTES`: then a note of its size."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:
+        return "(not recorded: a lora field that is not JSON)"
+    return value if size <= MAX_LORA_BYTES else f"(not recorded: a lora field of {size} bytes)"
 
 
 def prefill_wait_ms(flight: Flight, timings: dict[str, Any] | None) -> float | None:
@@ -132,15 +161,15 @@ def overlaps(flight: Flight) -> tuple[Overlap, ...]:
     end = timer.ended if timer.ended is not None else timer.arrived
     result = []
     for peer in flight.prefill_peers:
-        if peer.prefill_start is None:
+        if peer.start is None:
             continue
-        lo = max(peer.prefill_start, timer.arrived)
-        hi = min(peer.prefill_end if peer.prefill_end is not None else end, end)
+        lo = max(peer.start, timer.arrived)
+        hi = min(peer.end if peer.end is not None else end, end)
         if hi <= lo:
             continue
         events, decode_s = _decode_inside(timer.tokens, lo, hi)
         result.append(Overlap(
-            id=peer.id, computed_tokens=peer.all_computed_tokens(),
+            id=peer.id, computed_tokens=peer.computed_tokens,
             from_ms=round((lo - timer.arrived) * 1000.0, 1),
             to_ms=round((hi - timer.arrived) * 1000.0, 1),
             decode_events=events, decode_ms=round(decode_s * 1000.0, 1)))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.report import render, render_html
+from proxy.report.cluster_cli import server_reports, timing_reports
 from proxy.report.model import Report, Span
 from proxy.report.pairing import pair
 from proxy.report.records import (
@@ -39,7 +40,9 @@ FORMATS = ("text", "markdown", "json", "html")
 
 def register(subparsers: Any) -> None:
     rep = subparsers.add_parser("report", help="tables of the field report from a timing log")
-    rep.add_argument("timing_log", nargs="?", metavar="TIMING_LOG")
+    rep.add_argument("timing_log", nargs="*", metavar="TIMING_LOG",
+                     help="a timing log; several (one per node behind a router): a node table, "
+                     "then each node's report")
     rep.add_argument("--since", help="first arrival time to include (ISO 8601, UTC if no zone)")
     rep.add_argument("--until", help="arrival time to stop before (ISO 8601)")
     rep.add_argument(
@@ -51,8 +54,10 @@ def register(subparsers: Any) -> None:
     _common(rep)
     rep.set_defaults(handler=run_report)
     ana = subparsers.add_parser("analyze-log", help="rebuild tasks from llama-server's log")
-    ana.add_argument("server_log", metavar="SERVER_LOG")
-    ana.add_argument("--timing", metavar="TIMING_LOG", help="pair tasks with slotwise's records")
+    ana.add_argument("server_log", nargs="+", metavar="SERVER_LOG",
+                     help="llama-server's log; several: one per node, a node table first")
+    ana.add_argument("--timing", metavar="TIMING_LOG", action="append", default=[],
+                     help="pair tasks with slotwise's records (once per SERVER_LOG, same order)")
     _common(ana)
     ana.set_defaults(handler=run_analyze)
 
@@ -119,7 +124,9 @@ def _bound(text: str | None, what: str) -> float | None:
 def _report(args: argparse.Namespace) -> int:
     th = _thresholds(args)
     since, until = _bound(args.since, "--since"), _bound(args.until, "--until")
-    log = load_timing_log(args.timing_log) if args.timing_log else None
+    if len(args.timing_log) > 1:
+        return _nodes_report(args, since, until, th)
+    log = load_timing_log(args.timing_log[0]) if args.timing_log else None
     if args.compare is None:
         if log is None:
             raise InputError("give TIMING_LOG (or --compare BEFORE AFTER)")
@@ -163,6 +170,9 @@ def _suffixed(path: str, i: int) -> str:
 
 def _analyze(args: argparse.Namespace) -> int:
     th = _thresholds(args)
+    if len(args.server_log) > 1:
+        return _nodes_analyze(args, th)
+    args.server_log, args.timing = args.server_log[0], (args.timing or [None])[-1]
     log = _read_server_log(args.server_log)
     tasks = rebuild_tasks(log.events)
     note = None
@@ -202,6 +212,46 @@ def _read_server_log(path: str) -> ParsedLog:
             file=sys.stderr,
         )
     return log
+
+
+def _nodes_report(args: argparse.Namespace, since: float | None, until: float | None,
+                  th: Thresholds) -> int:
+    if args.compare is not None:
+        raise InputError("--compare takes one TIMING_LOG (or none), not one per node")
+    reports, names, groups = timing_reports(args.timing_log, since, until, th)
+    _emit_nodes(reports, names, args.format)
+    if args.timeline:
+        for node, records in groups.items():
+            pieces = first_pieces(records)
+            _draw([record_to_span(r, pieces) for r in records], f"node {node}",
+                  _with_node(args.timeline, node), th)
+    return 0
+
+
+def _nodes_analyze(args: argparse.Namespace, th: Thresholds) -> int:
+    parsed = [_read_server_log(path) for path in args.server_log]
+    reports, names, groups = server_reports(args.server_log, parsed, args.timing, th)
+    _emit_nodes(reports, names, args.format)
+    if args.timeline:
+        for node, spans in groups.items():
+            _draw(spans, f"node {node}", _with_node(args.timeline, node), th)
+    return 0
+
+
+def _emit_nodes(reports: Sequence[Report], names: Sequence[str], fmt: str) -> None:
+    """The nodes together first, then every node's tables side by side (a column per node); JSON
+    and HTML as one document."""
+    if fmt in ("json", "html"):
+        _emit(reports, names, fmt)
+        return
+    _emit(reports[:1], names[:1], fmt)
+    _emit(reports[1:], names[1:], fmt)
+
+
+def _with_node(path: str, node: str) -> str:
+    p = Path(path)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node)
+    return str(p.with_name(f"{p.stem}-{safe}{p.suffix}"))
 
 
 def _emit(reports: Sequence[Report], names: Sequence[str], fmt: str) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.report import record_tables, tables, task_tables
-from proxy.report.model import Report, Span
+from proxy.report.keep_table import keep_tables
+from proxy.report.model import Report, Span, Table
 from proxy.report.records import RecordLine, TimingLog, first_pieces, is_turn, record_to_span
 from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
 from proxy.report.tasks import Task
+from proxy.report.warm_table import WARM_KIND, warm_table
 
 
 def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | None, th: Thresholds) -> Report:
@@ -33,6 +35,8 @@ def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | No
         record_tables.policy_table(records),
         record_tables.notes_table(records),
         record_tables.estimate_table(records),
+        *keep_tables(records),
+        *warm_tables(records, th),
     )
     remarks = []
     if log is not None and log.bad_lines:
@@ -50,6 +54,13 @@ def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | No
             "their new tokens count only timings.prompt_n, the rest after the pieces"
         )
     return Report(title, report_tables, tuple(remarks))
+
+
+def warm_tables(records: Sequence[RecordLine], th: Thresholds) -> tuple[Table, ...]:
+    """The warm-ups table, where the log has warm-ups (docs/warm.md)."""
+    if not any(r.get("kind") == WARM_KIND or r.get("warmed_tokens") for r in records):
+        return ()
+    return (warm_table(records, th.short_new),)
 
 
 def server_report(

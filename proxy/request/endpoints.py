@@ -1,7 +1,12 @@
 """Which endpoint a request is for, and what slotwise must do with it.
 
-Only requests that run the model are read and measured in detail; everything else (`/health`,
-`/props`, `/slots`, `/tokenize`, …) is relayed as it comes, body streamed.
+Every path llama-server routes to a task that runs the model has its kind, whichever of the server's
+aliases the client uses: the table below is the route table of llama.cpp's `tools/server/server.cpp`
+(the build the testbed runs), plus `/api/chat`, the Ollama-style path that other llama.cpp builds
+route to chat completions. Requests whose tasks generate text are read, rewritten (the LoRA profile)
+and measured in detail; the others that run the model (embeddings, rerank, transcriptions, decisions)
+are recorded under their kind and relayed as they come, like everything else (`/health`, `/props`,
+`/slots`, `/tokenize`, `/apply-template`, the token counters: they do not run the model).
 """
 
 from __future__ import annotations
@@ -17,21 +22,33 @@ class Kind(enum.StrEnum):
     MESSAGES = "messages"  # Anthropic-style /v1/messages
     RESPONSES = "responses"  # OpenAI /v1/responses
     EMBEDDINGS = "embeddings"
+    RERANK = "rerank"
+    TRANSCRIPTION = "transcription"  # audio in a multipart form: the body is never read
+    DECISION = "decision"  # /v1/systemone, for decision models
     OTHER = "other"
 
 
 _MODEL_PATHS: dict[str, Kind] = {
     "/chat/completions": Kind.CHAT,
     "/v1/chat/completions": Kind.CHAT,
-    "/completions": Kind.COMPLETIONS,
+    "/api/chat": Kind.CHAT,
     "/v1/completions": Kind.COMPLETIONS,
     "/completion": Kind.COMPLETION,
+    "/completions": Kind.COMPLETION,  # the native handler, as /completion (not OpenAI's shape)
     "/infill": Kind.INFILL,
     "/v1/messages": Kind.MESSAGES,
     "/v1/responses": Kind.RESPONSES,
+    "/responses": Kind.RESPONSES,
     "/embedding": Kind.EMBEDDINGS,
     "/embeddings": Kind.EMBEDDINGS,
     "/v1/embeddings": Kind.EMBEDDINGS,
+    "/rerank": Kind.RERANK,
+    "/reranking": Kind.RERANK,
+    "/v1/rerank": Kind.RERANK,
+    "/v1/reranking": Kind.RERANK,
+    "/audio/transcriptions": Kind.TRANSCRIPTION,
+    "/v1/audio/transcriptions": Kind.TRANSCRIPTION,
+    "/v1/systemone": Kind.DECISION,
 }
 
 # Kinds whose tasks generate text, take `lora`, and stream token events.

@@ -31,6 +31,10 @@ class ProxyError(Exception):
     def body_bytes(self) -> bytes:
         return orjson.dumps(self.body())
 
+    def headers(self) -> dict[str, str]:
+        """Headers the answer needs besides the body (a 401's challenge)."""
+        return {}
+
 
 class BadRequest(ProxyError):
     status = 400
@@ -40,6 +44,35 @@ class BadRequest(ProxyError):
 
 class PayloadTooLarge(BadRequest):
     status = 413
+
+
+class BodyTimeout(BadRequest):
+    """The client did not send its whole body within `listen.body_timeout_s`."""
+
+    status = 408
+
+
+class Unauthorized(ProxyError):
+    """No key, or not a key slotwise knows (`[access] clients`, `[upstream] api_key`)."""
+
+    status = 401
+    type = "authentication_error"
+    outcome = "unauthorized"
+
+    def __init__(self, message: str, *, challenge: str) -> None:
+        super().__init__(message)
+        self.challenge = challenge
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": self.challenge}
+
+
+class Forbidden(ProxyError):
+    """An admin endpoint `[access]` does not allow, or a page that is off."""
+
+    status = 403
+    type = "permission_error"
+    outcome = "forbidden"
 
 
 class UpstreamUnavailable(ProxyError):

@@ -15,17 +15,20 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
+from proxy.cluster.node import node_name
 from proxy.record.flight import Flight
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
-from proxy.request.endpoints import classify, reads_body
-from proxy.request.errors import PROXY_ERROR_HEADER, ProxyError
+from proxy.request.access import Allow, Refuse, decide, forwarded_headers
+from proxy.request.clientstrings import clean_text, safe_text
+from proxy.request.endpoints import Kind, classify, reads_body
+from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError
 from proxy.request.headers import (
     CLIENT_HEADER,
     PURPOSE_HEADER,
     REQUEST_ID_HEADER,
+    client_request_id,
     client_response_headers,
-    request_id,
     upstream_request_headers,
 )
 from proxy.request.intake import Intake
@@ -44,6 +47,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await exchange.run()
     except ProxyError as exc:
         return exchange.fail(exc)
+    except web.RequestPayloadError as exc:  # e.g. a Content-Encoding its bytes do not follow
+        reason = [line.strip() for line in str(exc).splitlines() if line.strip()] or ["broken"]
+        return exchange.fail(BadRequest(f"the request body could not be read: {reason[-1]}"))
     except ConnectionResetError:
         exchange.flight.outcome = "client_gone"
         return exchange.response or web.Response(status=499)
@@ -64,20 +70,41 @@ class Exchange:
         self.request = request
         self.state = state
         now = state.clock()
+        config = state.config
+        self.access = decide(config.access, config.upstream.api_key, request.method,
+                             request.raw_path, request.headers)
+        rid = state.ids.issue(client_request_id(request.headers),
+                              lambda taken: state.registry.get(taken) is not None)
+        self.origin_form = request.raw_path.startswith("/")
         self.flight = Flight(
-            id=request_id(request.headers), kind=classify(request.method, request.path),
+            id=rid, kind=classify(request.method, request.path) if self.origin_form else Kind.OTHER,
             method=request.method, endpoint=request.path, wall_start=time.time(),
             config_gen=state.config_gen, timer=RequestTimer(arrived=now),
-            purpose=request.headers.get(PURPOSE_HEADER) or None,
-            client=request.headers.get(CLIENT_HEADER) or None)
+            purpose=clean_text(request.headers.get(PURPOSE_HEADER)),
+            client=clean_text(request.headers.get(CLIENT_HEADER)), node=node_name(config))
+        if isinstance(self.access, Allow) and self.access.client:  # the key's name, not a header
+            self.flight.client = self.access.client
         self.response: web.StreamResponse | None = None
         self.relay: Relay | None = None
         state.registry.add(self.flight, now)
 
     async def run(self) -> web.StreamResponse:
-        intake = Intake(self.request, self.flight, self.state.max_body_bytes)
+        if isinstance(self.access, Refuse):  # before any work: no body read, estimate or piece
+            raise self.access.error()
+        if not self.origin_form:  # `GET http://host/x`: a forward proxy's request, not ours
+            target = safe_text(self.request.raw_path, 200)
+            raise BadRequest(f"the request target {target!r} is not a path: slotwise is a reverse "
+                             "proxy and takes origin-form targets such as /v1/chat/completions")
+        intake = Intake(self.request, self.flight, self.state.max_body_bytes,
+                        self.state.config.listen.body_timeout_s)
         if not reads_body(self.flight.kind):
-            return await self._forward(await intake.plain_body(), drop_progress=False)
+            body = await intake.plain_body()
+            try:
+                return await self._forward(body, drop_progress=False)
+            except Exception:
+                if intake.too_slow is not None:  # the client's body failed, not the upstream
+                    raise intake.too_slow from None
+                raise
         model = await intake.model_body(self.state.forced_lora())
         await self.state.gate.admit(self.flight, model.rewritten.body)
         return await self._forward(model.data, drop_progress=model.rewritten.progress_added)
@@ -88,6 +115,8 @@ class Exchange:
             request.headers, request.headers.items(), rid=flight.id, peer=request.remote,
             scheme=request.scheme, body_rewritten=isinstance(data, bytes),
             measured=reads_body(flight.kind))
+        if isinstance(self.access, Allow) and self.access.swap_credentials:
+            headers = forwarded_headers(headers, state.config.upstream.auth_headers())
         observer = Observer(flight, state.registry, drop_progress=drop_progress)
         observer.sent(state.clock())
         upstream = await open_upstream(
@@ -95,7 +124,8 @@ class Exchange:
                                                encoded=True),
             headers=headers, data=data, read_timeout_s=state.config.upstream.read_timeout_s)
         is_sse = observer.headers(upstream.status, upstream.content_type, state.clock())
-        self.relay = relay = Relay(upstream, web.StreamResponse(), observer)
+        self.relay = relay = Relay(upstream, web.StreamResponse(), observer,
+                                   max_event_mb=state.config.upstream.max_event_mb)
         response = relay.client
         response.set_status(upstream.status, upstream.reason)
         response.headers.extend(client_response_headers(
@@ -121,7 +151,8 @@ class Exchange:
         body = exc.body_bytes()
         flight.bytes_out = len(body)
         return web.Response(status=exc.status, body=body, content_type="application/json",
-                            headers={REQUEST_ID_HEADER: flight.id, PROXY_ERROR_HEADER: exc.type})
+                            headers={REQUEST_ID_HEADER: flight.id, PROXY_ERROR_HEADER: exc.type,
+                                     **exc.headers()})
 
     def _close_upstream(self) -> None:
         if self.relay is not None:

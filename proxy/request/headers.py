@@ -1,16 +1,17 @@
 """Which headers cross the proxy, each way, as a reverse proxy should pass them.
 
 Hop-by-hop headers stay on their hop; slotwise's own request headers (`X-Slotwise-*`) are read and
-removed; every request gets an `X-Request-Id`, sent upstream and returned to the client.
+removed; every request gets an `X-Request-Id` (the client's own, made safe and unique), sent upstream
+and returned to the client.
 """
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Iterable, Mapping
 
 from multidict import CIMultiDict
+
+from proxy.request.clientstrings import clean_id, clean_text
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
@@ -19,13 +20,23 @@ HOP_BY_HOP = frozenset({
 CLIENT_HEADER = "X-Slotwise-Client"
 PURPOSE_HEADER = "X-Slotwise-Purpose"
 REQUEST_ID_HEADER = "X-Request-Id"
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+ROUTER_CLIENT_HEADERS = ("X-User-Id", "X-Session-Id")
+"""The keys routers use for stickiness (vllm-router's consistent_hash, sticky_least_loaded): the
+record's `client` when neither `X-Slotwise-Client` nor the body's `user` names one."""
 
 
-def request_id(incoming: Mapping[str, str]) -> str:
-    """The client's own `X-Request-Id` when it is a sane token, else a new one."""
-    given = incoming.get(REQUEST_ID_HEADER, "")
-    return given if _SAFE_ID.match(given) else uuid.uuid4().hex[:16]
+def client_request_id(incoming: Mapping[str, str]) -> str | None:
+    """The client's own `X-Request-Id`, made a safe token (`proxy/request/ids.py` makes it unique)."""
+    return clean_id(incoming.get(REQUEST_ID_HEADER))
+
+
+def router_client(incoming: Mapping[str, str]) -> str | None:
+    """`X-User-Id`, else `X-Session-Id`, made safe like the client header; None if neither."""
+    for name in ROUTER_CLIENT_HEADERS:
+        value = clean_text(incoming.get(name))
+        if value:
+            return value
+    return None
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:

@@ -7,14 +7,18 @@ what to forward; deciding when it may go is the gate's job.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.record.flight import Flight
-from proxy.request.errors import BadRequest, PayloadTooLarge
+from proxy.request.errors import BadRequest, BodyTimeout, PayloadTooLarge
+from proxy.request.headers import router_client
 from proxy.request.relay import read_limited
 from proxy.request.rewrite import Rewritten, client_key, rewrite_body
 
@@ -29,17 +33,23 @@ class ModelBody:
 
 
 class Intake:
-    def __init__(self, request: web.Request, flight: Flight, max_body_bytes: int) -> None:
+    def __init__(self, request: web.Request, flight: Flight, max_body_bytes: int,
+                 body_timeout_s: float) -> None:
         self.request = request
         self.flight = flight
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.deadline = asyncio.get_running_loop().time() + body_timeout_s
+        """The whole body must be in by then (the loop's clock)."""
+        self.too_slow: BodyTimeout | None = None
+        """Set when the body missed the deadline (also while it was being streamed upstream)."""
 
     async def model_body(self, forced_lora: list[dict[str, Any]] | None) -> ModelBody:
         raw = await self._read()
         body = self._decode(raw)
         flight = self.flight
         flight.stream = body.get("stream") is True
-        flight.client = client_key(body, flight.client)
+        flight.client = client_key(body, flight.client) or router_client(self.request.headers)
         rewritten = rewrite_body(flight.kind, body, forced_lora=forced_lora)
         flight.lora_in, flight.lora_out = rewritten.lora_in, rewritten.lora_out
         flight.lora_rewritten = rewritten.lora_rewritten
@@ -49,6 +59,7 @@ class Intake:
     async def plain_body(self) -> Any:
         """A body slotwise need not read: streamed through when its length is known."""
         request = self.request
+        self.flight.client = self.flight.client or router_client(request.headers)
         if not request.body_exists:
             return None
         length = request.content_length
@@ -56,18 +67,39 @@ class Intake:
             if length > self.max_body_bytes:
                 raise self._too_large(length)
             self.flight.bytes_in = length
-            return request.content
+            return self._timed(request.content)
         return await self._read()
 
     async def _read(self) -> bytes:
         length = self.request.content_length
         if length is not None and length > self.max_body_bytes:
             raise self._too_large(length)
-        raw = await read_limited(self.request.content, self.max_body_bytes)
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                raw = await read_limited(self.request.content, self.max_body_bytes)
+        except TimeoutError:
+            raise self._slow() from None
         if raw is None:
             raise self._too_large(None)
         self.flight.bytes_in = len(raw)
         return raw
+
+    async def _timed(self, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+        """The body as it comes, each read within the deadline (aiohttp's client sends it on)."""
+        while True:
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    chunk = await content.readany()
+            except TimeoutError:
+                raise self._slow() from None
+            if not chunk:
+                return
+            yield chunk
+
+    def _slow(self) -> BodyTimeout:
+        self.too_slow = BodyTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s "
+                                    "(listen.body_timeout_s)")
+        return self.too_slow
 
     def _too_large(self, length: int | None) -> PayloadTooLarge:
         size = f"{length} bytes" if length is not None else "more"

@@ -21,7 +21,7 @@ from proxy.request.errors import (
     sse_error_event,
 )
 from proxy.request.observer import Observer
-from proxy.request.sse import SseParser
+from proxy.request.sse import EventTooLarge, SseParser
 from proxy.upstream import DEAD_CONNECTION, send
 
 Clock = Callable[[], float]
@@ -50,10 +50,11 @@ class Relay:
     """Moves one upstream response to one client response, and shows every piece to the observer."""
 
     def __init__(self, upstream: aiohttp.ClientResponse, client: web.StreamResponse,
-                 observer: Observer) -> None:
+                 observer: Observer, *, max_event_mb: float) -> None:
         self.upstream = upstream
         self.client = client
         self.observer = observer
+        self.max_event_mb = max_event_mb
         self.complete = False
         self.reusable = True  # llama-server closes its end after a stream: never pool that one
 
@@ -75,14 +76,22 @@ class Relay:
     async def stream(self, clock: Clock) -> None:
         """Relay an SSE response event by event; the observer says which events the client sees."""
         self.reusable = False
-        parser = SseParser()
+        parser = SseParser(int(self.max_event_mb * 1024 * 1024))
         observer = self.observer
         try:
             while chunk := await self._read():
                 now = clock()
-                keep = [event.raw for event in parser.feed(chunk) if observer.event(event, now)]
+                try:
+                    events, too_large = parser.feed(chunk), None
+                except EventTooLarge as exc:  # the events before it still go out
+                    events, too_large = exc.events, exc
+                keep = [event.raw for event in events if observer.event(event, now)]
                 if keep:
                     await self._write(b"".join(keep))
+                if too_large is not None:
+                    raise BadUpstreamStream(
+                        f"the upstream sent a stream event larger than {self.max_event_mb:g} MiB "
+                        "(upstream.max_event_mb); the stream was cut there") from too_large
             if parser.pending:
                 await self._write(parser.pending)
             self.complete = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.request.clientstrings import clean_text
 from proxy.request.endpoints import Kind
 
 # Endpoints whose streams can carry `prompt_progress` chunks (llama-server's completion tasks).
@@ -53,8 +54,6 @@ def rewrite_body(kind: Kind, body: dict[str, Any], *,
 
 
 def client_key(body: dict[str, Any], header: str | None) -> str | None:
-    """Who the request is for: the `X-Slotwise-Client` header, else the body's `user`."""
-    if header:
-        return header
-    user = body.get("user")
-    return user if isinstance(user, str) and user else None
+    """Who the request is for: the `X-Slotwise-Client` header (already cleaned), else the body's
+    `user`, capped and made printable like the header."""
+    return header or clean_text(body.get("user"))

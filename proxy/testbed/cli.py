@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from proxy.testbed.binary import BinaryError, cache_root, find_llama_server
+from proxy.testbed.cluster_cli import add_cluster
 from proxy.testbed.model import PRESETS, write_model
 from proxy.testbed.server import LlamaServer, ServerStartError
 
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     _add_server(commands)
     _add_model(commands)
     _add_run(commands)
+    add_cluster(commands)
 
 
 def _add_server(commands: argparse._SubParsersAction[Any]) -> None:

@@ -38,6 +38,7 @@ class LlamaServer:
         binary: Path | None = None,
         log_path: Path | None = None,
         startup_timeout: float = 60.0,
+        port: int = 0,
     ) -> None:
         self.model = Path(model)
         self.lora = lora
@@ -45,7 +46,9 @@ class LlamaServer:
         self.binary = binary
         self.log_path = log_path if log_path is not None else _temp_log_path()
         self.startup_timeout = startup_timeout
-        self.port = 0
+        self.port = port
+        self._fixed_port = port
+        """Listen on this port at every start (a restart keeps the URL); 0 = a free one each time."""
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -127,7 +130,7 @@ class LlamaServer:
         return self
 
     def _launch(self, binary: Path) -> None:
-        self.port = free_port()
+        self.port = self._fixed_port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"# slotwise: {' '.join(self.command(binary))}\n".encode())

@@ -1,0 +1,76 @@
+"""The keep_kv feature: a `Keeper` over the prefill feature's estimator and gate (installed after it),
+the gate's `keep` hook, the keeper's figures in /metrics, its section of the status page, and its
+loop (probe, placement, saves, budget). `keep_kv.enabled` and `keep_kv.dir` change only on a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+
+from aiohttp import web
+from prometheus_client.core import Metric
+
+from proxy.config import Config, ConfigError
+from proxy.keep.keeper import Keeper
+from proxy.keep.views import keep_metrics, status_view
+from proxy.ops.background import background
+from proxy.ops.metrics import METRICS
+from proxy.prefill.feature import ESTIMATOR, GATE
+from proxy.state import STATE, ProxyState
+
+KEEPER = web.AppKey("slotwise_keeper", Keeper)
+RESTART_ONLY = ("enabled", "dir")
+
+
+class KeepCollector:
+    """The kept KV in /metrics, read at scrape time."""
+
+    def __init__(self, keeper: Keeper) -> None:
+        self.keeper = keeper
+
+    def collect(self) -> Iterable[Metric]:
+        k = self.keeper
+        return keep_metrics(k.store, k.working, k.saves, k.restores, k.restored_tokens)
+
+
+def keep_status(app: web.Application) -> dict[str, object]:
+    """The status page's `keep_kv` section."""
+    if KEEPER not in app:
+        return {"enabled": False, "note": "keep_kv.enabled is false"}
+    k = app[KEEPER]
+    return status_view(k.store, k.probe, directory=str(k.shelf.dir), problem=k.shelf.problem,
+                       saves=k.saves, restores=k.restores, restored_tokens=k.restored_tokens,
+                       now=k.now())
+
+
+def install(app: web.Application) -> None:
+    app.cleanup_ctx.append(_lifecycle)
+
+
+def restart_only(state: ProxyState) -> None:
+    async def check(new: Config) -> None:
+        for key in RESTART_ONLY:
+            old_value, new_value = getattr(state.config.keep_kv, key), getattr(new.keep_kv, key)
+            if old_value != new_value:
+                raise ConfigError(f"keep_kv.{key}: {new_value!r} takes effect only on a restart "
+                                  f"(valid on reload: the running value {old_value!r})")
+
+    state.reload_checks.append(check)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    restart_only(state)
+    if not state.config.keep_kv.enabled:
+        yield
+        return
+    keeper = Keeper(state, app[ESTIMATOR])
+    keeper.load()
+    app[KEEPER] = keeper
+    app[GATE].keep = keeper.before_admit
+    state.registry.subscribe(keeper.on_phase)
+    state.reload_hooks.append(lambda new: keeper.reconfigure(new.keep_kv))
+    if METRICS in app:
+        app[METRICS].registry.register(KeepCollector(keeper))
+    async with background(keeper.run(), "slotwise-keep"):
+        yield

@@ -1,0 +1,307 @@
+"""The keeper: the one place where the keep store's decisions become I/O.
+
+It probes at start whether saving works, reads `/slots` after requests end and while saves may come
+due, asks llama-server to save an idle slot (`POST /slots/N?action=save`, one at a time, only when
+nothing is in flight) and to restore a file into an idle slot before a returning conversation's
+request is forwarded (the prefill gate's `keep` hook), keeps the files private, renamed, deleted and
+listed in the index, and writes one timing record per save and per restore. Restores fail open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from proxy.config import KeepKvConfig
+from proxy.estimate import Estimate, block_hashes, estimate
+from proxy.keep import index
+from proxy.keep.probe import UNKNOWN, Probe, probe
+from proxy.keep.record import RESTORE_KIND, SAVE_KIND, kv_flight, kv_record
+from proxy.keep.store import KeepStore
+from proxy.keep.values import (
+    Decision,
+    Delete,
+    ForgetCache,
+    KeepFile,
+    RestoreInto,
+    SaveSlot,
+    SlotState,
+    knobs,
+    lora_variant,
+    read_slots,
+)
+from proxy.prefill.estimator import Estimator
+from proxy.record.flight import Flight, Phase
+from proxy.state import ProxyState
+from proxy.upstream import UpstreamCallError
+
+log = logging.getLogger("slotwise.keep")
+
+SLOTS_TIMEOUT_S = 2.0
+SAVE_TIMEOUT_S = 300.0
+RESTORE_TIMEOUT_S = 10.0
+READ_BYTES_PER_S = 100e6
+"""A restore's timeout grows by the time a slow disk takes to read its file."""
+PLACE_POLL_S = 0.5
+"""How soon `/slots` is read after a request ended (to find the slot it left its KV in)."""
+MAX_POLL_S = 30.0
+PROBE_RETRY_S = 15.0
+
+
+class Keeper:
+    def __init__(self, state: ProxyState, estimator: Estimator, *,
+                 wall: Callable[[], float] = time.time) -> None:
+        self._state = state
+        self._estimator = estimator
+        self._wall = wall
+        cfg = state.config.keep_kv
+        self.shelf = index.Shelf(Path(cfg.dir))
+        self.store = KeepStore(knobs(cfg))
+        self.probe: Probe = UNKNOWN
+        self._flights: dict[Flight, tuple[tuple[int, ...], str, int]] = {}  # until they end
+        self._seq = itertools.count(1)
+        self._wake = asyncio.Event()
+        self.saves = Counter[str]()
+        self.restores = Counter[str]()
+        """Saves and restores by outcome (the metrics)."""
+        self.restored_tokens = 0
+
+    def now(self) -> float:
+        """The wall clock the store's times are on."""
+        return self._wall()
+
+    @property
+    def working(self) -> bool:
+        return self.probe.working is True
+
+    def reconfigure(self, config: KeepKvConfig) -> None:
+        self.store.knobs = knobs(config)
+        self._wake.set()
+
+    # ---- start -------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """The index and the files on disk (rule 10 of the store)."""
+        files, on_disk = self.shelf.load()
+        self._apply_now(self.store.load(files, on_disk, self._wall()))
+
+    async def start(self) -> None:
+        """Probe until llama-server answers; say once whether saving works."""
+        while self.probe.working is None:
+            self.probe = await probe(self._state.upstream, self.shelf.dir)
+            if self.probe.working is None:
+                log.debug("keep_kv: %s", self.probe.note)
+                await asyncio.sleep(PROBE_RETRY_S)
+        if not self.working:
+            log.warning("keep_kv: %s", self.probe.note)
+            return
+        log.info("keep_kv: %s; %d saved conversations (%.2f GB)", self.probe.note,
+                 len(self.store.files), self.store.disk_bytes() / 1e9)
+        if not self.probe.private:
+            self.shelf.report(self.probe.note)
+        if self.probe.model is not None:  # a working probe always read it
+            self._apply_now(self.store.set_model(self.probe.model))
+
+    # ---- the prefill gate's hook ---------------------------------------------------------------------
+
+    async def before_admit(self, flight: Flight, ids: list[int], est: Estimate,
+                           note: str | None) -> tuple[Estimate, str | None]:
+        """Restore this request's conversation from its file into an idle slot first, when the file
+        holds most of its prompt and the server's cache little; fails open with a note."""
+        if not self.working:
+            return est, note
+        chain, variant = tuple(block_hashes(ids)), lora_variant(flight.lora_out)
+        self._flights[flight] = (chain, variant, len(ids))
+        # Asked as if nothing were cached: after a restart of llama-server the cache model is stale
+        # until `/slots` shows it, and that read (a few ms, answered mid-decode) comes next.
+        if self.store.candidate(chain, variant, len(ids), 0) is None:
+            return est, note
+        try:
+            return await self._restore(flight, ids, chain, variant, est, note)
+        except Exception as exc:  # a bug here must not fail the request
+            log.exception("keep_kv: restoring for %s failed inside slotwise", flight.id)
+            return est, f"keep_kv: internal error ({type(exc).__name__}), forwarded as it came"
+
+    async def _restore(self, flight: Flight, ids: list[int], chain: tuple[int, ...], variant: str,
+                       est: Estimate, note: str | None) -> tuple[Estimate, str | None]:
+        try:
+            slots = await self._slots()
+        except (UpstreamCallError, ValueError) as exc:
+            return est, f"keep_kv: cannot read /slots, forwarded as it came: {exc}"
+        self._apply_now(self.store.on_slots(slots, self._wall(), quiet=False))
+        est = estimate(ids, self._estimator.cache)  # a restart just seen empties the cache model
+        restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots)
+        if restore is None:
+            found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
+            if found is None:
+                return est, note
+            return est, f"keep_kv: no idle slot to restore {found[0].name} into, forwarded as it came"
+        task = next((s.task for s in slots if s.id == restore.slot), None)
+        why = await self._restore_call(flight, restore, task)
+        if why is not None:
+            return est, f"keep_kv: restoring {restore.name} failed, forwarded as it came: {why}"
+        self._estimator.learn(ids[:restore.covered], None)
+        flight.restored_tokens = restore.covered
+        self.restored_tokens += restore.covered
+        return estimate(ids, self._estimator.cache), note
+
+    async def _restore_call(self, flight: Flight, restore: RestoreInto, task: int | None) -> str | None:
+        """The restore and its record; why it failed, or None."""
+        saved = self.store.files.get(restore.name)
+        size = saved.size if saved is not None else 0
+        rec = self._flight(f"{flight.id}-restore", restore.slot, "restore", restore.name, flight.client)
+        rec.prompt_tokens, rec.kv_bytes = (saved.tokens if saved else None), size
+        try:
+            answer = await self._state.upstream.post_json(
+                f"/slots/{restore.slot}?action=restore", {"filename": restore.name},
+                timeout_s=RESTORE_TIMEOUT_S + size / READ_BYTES_PER_S)
+            n_restored = _count(answer, "n_restored")
+        except UpstreamCallError as exc:
+            self._apply_now(self.store.on_restore_failed(restore, refused=exc.status == 400))
+            self._record(rec, RESTORE_KIND, "failed", str(exc), exc.status)
+            return str(exc)
+        except BaseException as exc:  # the client left, or a bug: the slot is free again
+            self.store.on_restore_failed(restore, refused=False)
+            gone = isinstance(exc, asyncio.CancelledError)
+            self._record(rec, RESTORE_KIND, "client_gone" if gone else "failed",
+                         "the request's client left" if gone else f"internal error: {exc!r}", None)
+            raise
+        self.store.on_restored(restore, n_restored, task, self._wall())
+        rec.prompt_tokens, rec.restored_tokens = n_restored, restore.covered
+        rec.kv_bytes = answer["n_read"] if isinstance(answer.get("n_read"), int) else size
+        self._record(rec, RESTORE_KIND, "done", None, 200)
+        self.shelf.write(list(self.store.files.values()))
+        return None
+
+    # ---- requests that end ------------------------------------------------------------------------
+
+    def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        """Registry listener: a request that ended well left its conversation in a slot."""
+        if new is not Phase.DONE:
+            return
+        self._wake.set()  # also a save that waited for quiet may go now
+        entry = self._flights.pop(flight, None)
+        if entry is None or flight.outcome != "done" or flight.status != 200:
+            return
+        chain, variant, n_ids = entry
+        predicted = (flight.timings or {}).get("predicted_n")
+        generated = predicted if isinstance(predicted, int) else flight.decoded
+        self.store.on_request_ended(chain, variant, flight.prompt_tokens or n_ids, generated,
+                                    self._wall())
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self.start()
+        except Exception as exc:  # keep_kv stays off; requests go as usual
+            log.exception("keep_kv: the probe failed inside slotwise")
+            self.probe = Probe(False, f"the probe failed inside slotwise: {exc!r}; keep_kv stays off")
+        if not self.working:
+            return
+        while True:
+            try:
+                await self.look()
+            except Exception:  # a bug must not end the loop: the next look tries again
+                log.exception("keep_kv: a look at the slots failed inside slotwise")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_s()):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def look(self) -> None:
+        """One read of `/slots`: place, save what is due, run the budget."""
+        try:
+            slots = await self._slots()
+        except (UpstreamCallError, ValueError) as exc:
+            log.debug("keep_kv: cannot read /slots: %s", exc)
+            return
+        now = self._wall()
+        decisions = self.store.on_slots(slots, now, quiet=len(self._state.registry) == 0)
+        self._apply_now([*decisions, *self.store.budget(now)])
+        for save in (d for d in decisions if isinstance(d, SaveSlot)):
+            await self._save(save)
+
+    def _poll_s(self) -> float:
+        convs = self.store.conversations.values()
+        if any(c.placing for c in convs):
+            return PLACE_POLL_S
+        if len(self._state.registry):  # saves wait for quiet: the last request's end wakes the loop
+            return MAX_POLL_S
+        due = [c.ended + self.store.knobs.save_after_idle_s for c in convs
+               if c.slot is not None and not self.store.saved(c)]
+        wait = min(due, default=self._wall() + MAX_POLL_S) - self._wall()
+        return min(max(wait, PLACE_POLL_S), MAX_POLL_S)
+
+    async def _save(self, save: SaveSlot) -> None:
+        rec = self._flight(f"kv-save-{next(self._seq)}", save.slot, "save", save.name, None)
+        try:
+            answer = await self._state.upstream.post_json(
+                f"/slots/{save.slot}?action=save", {"filename": save.temp}, timeout_s=SAVE_TIMEOUT_S)
+            n_saved = _count(answer, "n_saved")
+        except BaseException as exc:  # no answer, slotwise stopping, or a bug: no save runs
+            self.store.on_save_failed(save)
+            self._apply_now([Delete(save.temp, "the save failed")])
+            if not isinstance(exc, UpstreamCallError):
+                raise
+            self._record(rec, SAVE_KIND, "failed", str(exc), exc.status)
+            return
+        size = index.file_size(self.shelf.dir, save.temp)
+        if size is None:
+            self.store.on_save_failed(save)
+            self._record(rec, SAVE_KIND, "failed", f"llama-server saved {save.temp}, but not in "
+                                                    f"keep_kv.dir ({self.shelf.dir})", 200)
+            return
+        decisions = self.store.on_saved(save, n_saved, size, self._wall())
+        rec.prompt_tokens, rec.kv_bytes = n_saved, size
+        kept = any(isinstance(d, KeepFile) for d in decisions)
+        self._apply_now(decisions)
+        why = next((d.reason for d in decisions if isinstance(d, Delete)
+                    and d.name in (save.name, save.temp)), None)
+        self._record(rec, SAVE_KIND, "done" if kept else "changed", None if kept else why, 200,
+                     f"{save.name}: deleted at once, {why}" if kept and why else None)
+
+    # ---- applying decisions -----------------------------------------------------------------------
+
+    def _apply_now(self, decisions: Sequence[Decision]) -> None:
+        """The decisions that need no call to llama-server (saves are awaited by `look`)."""
+        if any(isinstance(d, ForgetCache) for d in decisions):
+            log.info("keep_kv: llama-server restarted: its cache is empty; %d saved conversations "
+                     "remain on disk", len(self.store.files))
+            self._estimator.cache.clear()
+        self.store.forget(self.shelf.apply(decisions, list(self.store.files.values())))
+
+    # ---- I/O helpers ------------------------------------------------------------------------------
+
+    async def _slots(self) -> list[SlotState]:
+        return read_slots(await self._state.upstream.get_json("/slots", timeout_s=SLOTS_TIMEOUT_S))
+
+    def _flight(self, call_id: str, slot: int, action: str, name: str, client: str | None) -> Flight:
+        state = self._state
+        return kv_flight(call_id, slot, action, name, now=state.clock(), wall=time.time(),
+                         config_gen=state.config_gen, client=client)
+
+    def _record(self, flight: Flight, kind: str, outcome: str, error: str | None,
+                status: int | None, note: str | None = None) -> None:
+        flight.outcome, flight.error, flight.status = outcome, error, status
+        if note is not None:
+            flight.prefill.note = note
+        record = kv_record(flight, kind, self._state.clock())
+        (self.saves if kind == SAVE_KIND else self.restores)[outcome] += 1
+        self._state.timing_log.write(record)
+        self._state.observe_record(record)
+
+
+def _count(answer: Any, key: str) -> int:
+    """A count from a save's or restore's answer; UpstreamCallError when it has none."""
+    value = answer.get(key) if isinstance(answer, dict) else None
+    if not isinstance(value, int):
+        raise UpstreamCallError(f"the slot action's answer has no integer {key}", status=200)
+    return value

@@ -1,0 +1,305 @@
+"""The keep store: where each conversation's KV is (a slot, llama-server's RAM cache, a file), which
+files to keep, and what to save, restore and delete. Pure: no I/O, no clock, no log; times are wall
+clock seconds passed in, decisions are values (`values.py`) the `Keeper` applies.
+
+Rules (tests/test_keep_store.py has one class per rule):
+1. Identity. A request that ended leaves a conversation: its prompt's block-hash chain and LoRA
+   settings, named by `file_name`. A prompt shorter than `min_tokens` is not kept; a newer request of
+   the same prompt replaces the older entry.
+2. Placement. At each read of `/slots`, a conversation being placed goes to the idle slot that holds
+   between its prompt and its prompt + generated tokens (the newest task among several); one placed
+   earlier whose slot shows another task or token count left it (RAM). One not found within
+   `PLACE_WITHIN_S` left its slot too.
+3. Restart. A slot whose task went back, or vanished, means llama-server restarted: no conversation
+   is in a slot or its RAM cache any more (those without a file are forgotten), and the cache model
+   must forget (ForgetCache).
+4. Save. When nothing is in flight and no save runs, the conversation idle longest among those idle
+   for `save_after_idle_s`, whose idle slot still shows its task and tokens and which no file holds
+   whole yet, is saved: SaveSlot(its slot). A busy slot is never saved. One whose save failed, or
+   whose file the budget deleted at once, is not tried again (until a request of it ends anew).
+5. Saved. A save that holds other tokens than its slot did (the slot changed meanwhile) is deleted.
+   Otherwise its file supersedes every file of the same variant whose chain it extends (deleted),
+   and the budget runs.
+6. Budget. Files not used for `max_age_s`, then beyond `max_files` or `max_bytes`, are deleted, least
+   recently used first (`budget.py`); a file larger than the whole budget goes at once.
+7. Restore. A request whose prompt a file of this model and variant covers for at least `MOST` of
+   its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
+   idle slot no save or restore is using: an empty one first, then one whose conversation a file
+   holds, then the one with the oldest task. No such slot: no restore (the request goes as it came).
+8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
+   before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
+   this server: another KV layout, a damaged file) deletes the file; one with no answer keeps it.
+9. Model. Once llama-server's model is known, files saved from another model are deleted.
+10. Start. The index's files that are not on disk are forgotten; slotwise's files on disk that the
+   index does not list (a save cut short, a probe, a lost index) are deleted; then the budget runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+
+from proxy.estimate.cache_model import BLOCK_TOKENS
+from proxy.keep.budget import over_budget
+from proxy.keep.values import (
+    Conversation,
+    Decision,
+    Delete,
+    ForgetCache,
+    KeepFile,
+    Knobs,
+    RestoreInto,
+    SavedFile,
+    SaveSlot,
+    SlotState,
+    Where,
+    common_blocks,
+    file_name,
+)
+
+PLACE_WITHIN_S = 5.0
+"""How long after its end a conversation is looked for in the slots (rule 2)."""
+MOST = 0.5
+"""The share of a prompt a file must hold for a restore (rule 7)."""
+MAX_CONVERSATIONS = 512
+"""Conversations remembered without a file at most; the oldest are forgotten first."""
+
+
+class KeepStore:
+    def __init__(self, knobs: Knobs) -> None:
+        self.knobs = knobs
+        self.files: dict[str, SavedFile] = {}
+        self.conversations: dict[str, Conversation] = {}
+        self.model: str | None = None
+        self.saving: SaveSlot | None = None
+        self.restoring: dict[int, RestoreInto] = {}
+        self._tasks: dict[int, int | None] = {}  # each slot's task at the last read (rule 3)
+
+    # ---- rule 1 ----------------------------------------------------------------------------------
+
+    def on_request_ended(self, chain: Sequence[int], variant: str, prompt_tokens: int,
+                         generated: int, now: float) -> None:
+        if prompt_tokens < self.knobs.min_tokens or not chain:
+            return
+        key = tuple(chain)
+        name = file_name(key, variant)
+        self.conversations.pop(name, None)
+        self.conversations[name] = Conversation(
+            name=name, chain=key, variant=variant, prompt_tokens=prompt_tokens, ended=now,
+            lo=prompt_tokens, hi=prompt_tokens + max(0, generated))
+        self._forget_old()
+
+    # ---- rules 2, 3, 4 ---------------------------------------------------------------------------
+
+    def on_slots(self, slots: Sequence[SlotState], now: float, *, quiet: bool) -> list[Decision]:
+        """A fresh read of `/slots`; `quiet`: no request is in flight."""
+        decisions: list[Decision] = []
+        if self._restarted(slots):
+            decisions.append(ForgetCache())
+            for conv in list(self.conversations.values()):
+                self._leave(conv)
+                conv.placing = False
+                if not self.saved(conv):
+                    del self.conversations[conv.name]
+        self._tasks = {s.id: s.task for s in slots}
+        by_id = {s.id: s for s in slots}
+        for conv in self.conversations.values():
+            if conv.slot is not None and not _unchanged(conv, by_id.get(conv.slot)):
+                self._leave(conv)
+        self._place(slots, now)
+        if quiet and self.saving is None:
+            save = self._next_save(by_id, now)
+            if save is not None:
+                self.saving = save
+                decisions.append(save)
+        return decisions
+
+    def _restarted(self, slots: Sequence[SlotState]) -> bool:
+        for slot in slots:
+            before = self._tasks.get(slot.id)
+            if before is not None and (slot.task is None or slot.task < before):
+                return True
+        return False
+
+    def _place(self, slots: Sequence[SlotState], now: float) -> None:
+        placing = sorted((c for c in self.conversations.values() if c.placing),
+                         key=lambda c: c.ended, reverse=True)
+        taken = {c.slot for c in self.conversations.values() if c.slot is not None and not c.placing}
+        for conv in placing:
+            fits = [s for s in slots if not s.busy and conv.lo <= s.tokens <= conv.hi
+                    and s.id not in taken and s.id not in self.restoring]
+            if fits:
+                slot = max(fits, key=lambda s: -1 if s.task is None else s.task)
+                conv.slot, conv.task, conv.slot_tokens, conv.placing = slot.id, slot.task, slot.tokens, False
+                taken.add(slot.id)
+            elif now - conv.ended > PLACE_WITHIN_S:
+                conv.placing = False
+
+    def _next_save(self, slots: dict[int, SlotState], now: float) -> SaveSlot | None:
+        due: list[tuple[float, int, Conversation]] = []
+        for c in self.conversations.values():
+            if (c.slot is not None and now - c.ended >= self.knobs.save_after_idle_s
+                    and _unchanged(c, slots.get(c.slot)) and c.slot not in self.restoring
+                    and not c.given_up and not self.saved(c)):
+                due.append((c.ended, c.slot, c))
+        if not due:
+            return None
+        _, slot, conv = min(due, key=lambda d: d[0])
+        return SaveSlot(slot=slot, name=conv.name, tokens=conv.slot_tokens)
+
+    # ---- rules 5, 6 ------------------------------------------------------------------------------
+
+    def on_saved(self, save: SaveSlot, n_saved: int, size: int, now: float) -> list[Decision]:
+        self.saving = None
+        conv = self.conversations.get(save.name)
+        if conv is None or n_saved != save.tokens:
+            return [Delete(save.temp, f"the slot held {n_saved} tokens, not the {save.tokens} "
+                                      "of its conversation: it changed during the save")]
+        new = SavedFile(name=save.name, chain=conv.chain, variant=conv.variant,
+                        model=self.model or "", tokens=n_saved, size=size, saved_at=now,
+                        last_used=now)
+        old = self.files.get(save.name)
+        if old is not None:
+            new.uses = old.uses
+        superseded: list[Decision] = [
+            Delete(f.name, f"superseded by {save.name}, a longer prefix of its conversation")
+            for f in self.files.values()
+            if f.name != save.name and f.variant == new.variant and len(f.chain) <= len(new.chain)
+            and common_blocks(f.chain, new.chain) == len(f.chain)]
+        self.forget(d.name for d in superseded if isinstance(d, Delete))
+        self.files[save.name] = new
+        budget = self.budget(now)
+        conv.given_up = save.name not in self.files
+        return [KeepFile(save.temp, save.name), *superseded, *budget]
+
+    def on_save_failed(self, save: SaveSlot) -> None:
+        self.saving = None
+        if (conv := self.conversations.get(save.name)) is not None:
+            conv.given_up = True
+
+    def budget(self, now: float) -> list[Decision]:
+        protected = {r.name for r in self.restoring.values()}
+        deletes = over_budget(self.files.values(), self.knobs, now, protected)
+        self.forget(d.name for d in deletes)
+        return list(deletes)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """The files `names` are deleted (or gone): forget them."""
+        for name in names:
+            self.files.pop(name, None)
+
+    # ---- rules 7, 8 ------------------------------------------------------------------------------
+
+    def candidate(self, chain: Sequence[int], variant: str, prompt_tokens: int,
+                  cached: int) -> tuple[SavedFile, int] | None:
+        """The file worth restoring for this prompt and how many of its tokens it covers, if any."""
+        key, best = tuple(chain), None
+        for f in self.files.values():
+            if f.variant != variant or self.model is None or f.model != self.model:
+                continue
+            covered = min(common_blocks(f.chain, key) * BLOCK_TOKENS, f.tokens, prompt_tokens - 1)
+            if best is None or covered > best[1]:
+                best = (f, covered)
+        if best is None or best[1] < MOST * prompt_tokens or best[1] - cached < self.knobs.min_tokens:
+            return None
+        return best
+
+    def restore(self, chain: Sequence[int], variant: str, prompt_tokens: int, cached: int,
+                slots: Sequence[SlotState]) -> RestoreInto | None:
+        found = self.candidate(chain, variant, prompt_tokens, cached)
+        if found is None:
+            return None
+        using = set(self.restoring) | ({self.saving.slot} if self.saving else set())
+        idle = [s for s in slots if not s.busy and s.id not in using]
+        if not idle:
+            return None
+        saved = {c.slot for c in self.conversations.values() if c.slot is not None and self.saved(c)}
+        slot = min(idle, key=lambda s: (s.tokens > 0, s.id not in saved, -1 if s.task is None else s.task))
+        decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1])
+        self.restoring[slot.id] = decision
+        return decision
+
+    def on_restored(self, restore: RestoreInto, n_restored: int, task: int | None,
+                    now: float) -> None:
+        self.restoring.pop(restore.slot, None)
+        f = self.files.get(restore.name)
+        if f is None:
+            return
+        f.last_used, f.uses = now, f.uses + 1
+        for conv in self.conversations.values():
+            if conv.slot == restore.slot:
+                self._leave(conv)
+        conv = self.conversations.get(f.name) or Conversation(
+            name=f.name, chain=f.chain, variant=f.variant, prompt_tokens=f.prompt_tokens,
+            ended=now, lo=n_restored, hi=n_restored)
+        conv.slot, conv.task, conv.slot_tokens, conv.placing = restore.slot, task, n_restored, False
+        self.conversations[f.name] = conv
+
+    def on_restore_failed(self, restore: RestoreInto, *, refused: bool) -> list[Decision]:
+        self.restoring.pop(restore.slot, None)
+        for conv in self.conversations.values():
+            if conv.slot == restore.slot:  # a failed restore empties the slot
+                self._leave(conv)
+        if not refused:
+            return []
+        self.forget([restore.name])
+        return [Delete(restore.name, "llama-server refused to restore it (another KV layout or "
+                                     "model, or a damaged file)")]
+
+    # ---- rule 9 ----------------------------------------------------------------------------------
+
+    def set_model(self, model: str) -> list[Decision]:
+        self.model = model
+        deletes = [Delete(f.name, f"saved from another model ({f.model or 'unknown'})")
+                   for f in self.files.values() if f.model != model]
+        self.forget(d.name for d in deletes)
+        return list(deletes)
+
+    # ---- rule 10 ---------------------------------------------------------------------------------
+
+    def load(self, files: Iterable[SavedFile], on_disk: dict[str, int], now: float) -> list[Decision]:
+        """The index read at start, and slotwise's files found on disk (name -> size)."""
+        self.files = {f.name: f for f in files if f.name in on_disk}
+        for f in self.files.values():
+            f.size = on_disk[f.name]
+        orphans: list[Decision] = [Delete(name, "not in slotwise's index (a save cut short, or a "
+                                                "lost index)")
+                                   for name in sorted(on_disk) if name not in self.files]
+        return [*orphans, *self.budget(now)]
+
+    # ---- views -----------------------------------------------------------------------------------
+
+    def where(self, conv: Conversation) -> Where:
+        if conv.slot is not None:
+            return Where.SLOT
+        return Where.FILE if self.saved(conv) else Where.RAM
+
+    def disk_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def saved(self, conv: Conversation) -> bool:
+        """A file of its variant holds its whole prompt (or more of the same conversation)."""
+        return any(f.variant == conv.variant and len(f.chain) >= len(conv.chain)
+                   and common_blocks(f.chain, conv.chain) == len(conv.chain)
+                   for f in self.files.values())
+
+    def _leave(self, conv: Conversation) -> None:
+        conv.slot, conv.task, conv.slot_tokens = None, None, 0
+
+    def _forget_old(self) -> None:
+        extra = len(self.conversations) - MAX_CONVERSATIONS
+        if extra <= 0:
+            return
+        for conv in sorted(self.conversations.values(), key=lambda c: c.ended)[:extra]:
+            del self.conversations[conv.name]
+
+
+def _unchanged(conv: Conversation, slot: SlotState | None) -> bool:
+    return (slot is not None and not slot.busy and slot.task == conv.task
+            and slot.tokens == conv.slot_tokens)
+
+
+def names(decisions: Collection[Decision]) -> list[str]:
+    """The files a list of decisions deletes (tests, logs)."""
+    return [d.name for d in decisions if isinstance(d, Delete)]

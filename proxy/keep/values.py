@@ -1,0 +1,221 @@
+"""What the keep store holds and answers: a slot as `/slots` shows it, a conversation, a saved file,
+the knobs, the decisions. Values and their parsing; the store (`store.py`) decides. Pure.
+
+A conversation is a prompt prefix named by the chained hashes of its token-id blocks
+(`proxy/estimate/cache_model.py` `block_hashes`): equal hashes at block k mean equal prefixes of
+(k + 1) * 64 tokens. Neither text nor token ids are kept, only those hashes and counts.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.config import KeepKvConfig
+from proxy.estimate.cache_model import BLOCK_TOKENS
+
+FILE_PREFIX = "slotwise-"
+FILE_SUFFIX = ".kv"
+PART_SUFFIX = ".part"
+"""A save is written under `<name>.part` and renamed when it proved to hold what was asked."""
+
+
+def file_name(chain: tuple[int, ...], variant: str) -> str:
+    """The file a conversation is saved under: a hash of its last block hash (which names the whole
+    prefix) and its LoRA settings; stable across processes (no text, no salted str hash)."""
+    digest = hashlib.blake2b(f"{chain[-1] if chain else 0}:{variant}".encode(), digest_size=8)
+    return f"{FILE_PREFIX}{digest.hexdigest()}{FILE_SUFFIX}"
+
+
+def is_ours(name: str) -> bool:
+    """A file slotwise made in the save directory (others' files there are never touched)."""
+    return name.startswith(FILE_PREFIX) and (name.endswith(FILE_SUFFIX)
+                                             or name.endswith(FILE_SUFFIX + PART_SUFFIX))
+
+
+def common_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Leading equal hashes of two chains (chaining makes equality monotone, so bisect)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Where(enum.StrEnum):
+    """Where a conversation's KV is, as far as slotwise can tell."""
+
+    SLOT = "slot"  # in an idle slot, as its last request left it
+    RAM = "ram"  # it left its slot: in llama-server's RAM cache (--cache-ram) until evicted
+    FILE = "file"  # only in a file slotwise saved
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One slot as llama-server's `GET /slots` shows it."""
+
+    id: int
+    busy: bool
+    tokens: int
+    """`n_prompt_tokens`: the tokens its cache holds now (0 when empty)."""
+    task: int | None
+    """`id_task`: its current or last task (None before its first)."""
+
+
+def read_slots(body: Any) -> list[SlotState]:
+    """`GET /slots`'s answer as values; ValueError saying what is wrong with it."""
+    if not isinstance(body, list):
+        raise ValueError("GET /slots answered with JSON that is not a list of slots")
+    slots = []
+    for entry in body:
+        slot_id = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(slot_id, int):
+            raise ValueError("GET /slots answered with a slot without an integer id")
+        tokens, task = entry.get("n_prompt_tokens"), entry.get("id_task")
+        slots.append(SlotState(id=slot_id, busy=bool(entry.get("is_processing")),
+                               tokens=tokens if isinstance(tokens, int) else 0,
+                               task=task if isinstance(task, int) else None))
+    return slots
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """`[keep_kv]` in the units the store uses."""
+
+    save_after_idle_s: float = 120.0
+    max_bytes: int = 32 * 10**9
+    max_files: int = 64
+    max_age_s: float = 14 * 86400.0
+    min_tokens: int = 1024
+
+
+def knobs(config: KeepKvConfig) -> Knobs:
+    return Knobs(save_after_idle_s=config.save_after_idle_s,
+                 max_bytes=int(config.max_disk_gb * 1e9), max_files=config.max_files,
+                 max_age_s=config.max_age_days * 86400.0, min_tokens=config.min_tokens)
+
+
+def lora_variant(lora: Any) -> str:
+    """The LoRA settings a request went upstream with, as a short digest ("" for none)."""
+    if lora is None:
+        return ""
+    raw = orjson.dumps(lora, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(raw, digest_size=6).hexdigest()
+
+
+@dataclass
+class Conversation:
+    """A prompt prefix slotwise saw a request end with, and the slot it left it in."""
+
+    name: str
+    chain: tuple[int, ...]
+    variant: str
+    """The request's LoRA settings (KV computed under other adapters is other KV)."""
+    prompt_tokens: int
+    ended: float
+    """When its last request ended (wall clock seconds)."""
+    lo: int
+    hi: int
+    """The tokens its slot holds after it: its prompt plus what it generated (the last token is
+    not decoded), so between prompt and prompt + generated."""
+    slot: int | None = None
+    task: int | None = None
+    slot_tokens: int = 0
+    """The slot it is in, with that slot's task and token count when it was placed there."""
+    placing: bool = True
+    """Not yet found in a slot (looked for from its end on, for `PLACE_WITHIN_S`)."""
+    given_up: bool = False
+    """Its save failed, or its file did not fit the budget: not tried again until it goes on."""
+
+
+@dataclass
+class SavedFile:
+    """A file slotwise saved: whose KV it holds and how it was used."""
+
+    name: str
+    chain: tuple[int, ...]
+    variant: str
+    model: str
+    """llama-server's `/props` `model_path` when it was saved: never restored into another model."""
+    tokens: int
+    """Tokens it holds (the save's `n_saved`: the prompt and what was generated after it)."""
+    size: int
+    saved_at: float
+    last_used: float
+    uses: int = 0
+    """Restores from it."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt tokens its chain names (whole blocks)."""
+        return len(self.chain) * BLOCK_TOKENS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "chain": list(self.chain), "variant": self.variant,
+                "model": self.model, "tokens": self.tokens, "size": self.size,
+                "saved_at": self.saved_at, "last_used": self.last_used, "uses": self.uses}
+
+    @staticmethod
+    def from_json(data: Any) -> SavedFile:
+        """KeyError, TypeError or ValueError when `data` is not an entry of the index."""
+        chain = tuple(int(h) for h in data["chain"])
+        return SavedFile(name=str(data["name"]), chain=chain, variant=str(data["variant"]),
+                         model=str(data["model"]), tokens=int(data["tokens"]), size=int(data["size"]),
+                         saved_at=float(data["saved_at"]), last_used=float(data["last_used"]),
+                         uses=int(data["uses"]))
+
+
+# ---- decisions ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SaveSlot:
+    """Ask llama-server to save idle `slot` to `temp`; rename it to `name` if it holds `tokens`."""
+
+    slot: int
+    name: str
+    tokens: int
+
+    @property
+    def temp(self) -> str:
+        return self.name + PART_SUFFIX
+
+
+@dataclass(frozen=True)
+class KeepFile:
+    """The save proved right: make `temp` private and rename it to `name` (replacing an older one)."""
+
+    temp: str
+    name: str
+
+
+@dataclass(frozen=True)
+class RestoreInto:
+    """Ask llama-server to restore `name` into idle `slot`; `covered` prompt tokens will be cached."""
+
+    slot: int
+    name: str
+    covered: int
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete the file `name` (and forget it); `reason` for the log."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ForgetCache:
+    """llama-server restarted: its slots and RAM cache are empty; the cache model must forget."""
+
+
+Decision = SaveSlot | KeepFile | RestoreInto | Delete | ForgetCache
+

@@ -1,0 +1,234 @@
+"""The warm-up queue: which warm-up computes which piece when, and how each one ends.
+
+Pure and synchronous, like the prefill policy: events in, decisions out; every call takes `now`; no
+I/O, no clock, no log. The `Warmer` applies the decisions (feeds the pieces, writes the records) and
+tells the queue what happened. What the real requests are doing comes in as a `Load`, the piece
+size from a `Sizer` (the fitted batch cost, `sizing.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from proxy.prefill.sizing import next_upto, pause_s
+from proxy.warm.prefix import common_prefix, same_conversation
+from proxy.warm.values import (
+    CancelPiece,
+    Credit,
+    Decision,
+    Ended,
+    Feed,
+    Knobs,
+    Load,
+    Outcome,
+    Sizer,
+    WarmRefused,
+    WarmUp,
+)
+
+MIN_TOKENS = 64
+"""A warm-up with fewer tokens to compute ends at once (done): the server holds its prompt already,
+and the turn computes so few itself."""
+KEEP_ENDED = 64
+"""Ended warm-ups kept (for `GET`, and to credit a later turn with their work), newest first."""
+
+
+@dataclass
+class WarmQueue:
+    """Rules (tests/test_warm_queue.py follows them one to one):
+     1. A warm-up with fewer than MIN_TOKENS to compute ends at once, done: the server holds its
+        prompt already (the cache model), and it costs nothing.
+     2. A new warm-up of the same conversation as one pending or running (its prefix carries
+        SAME_SHARE of the older one's) supersedes it.
+     3. Bounds: at most `max_pending` pending or running (one that is ending after its piece does
+        not count), at most `max_per_client` of them per named client, else WarmRefused; a warm-up
+        computes at most `max_tokens` tokens (a longer prefix is cut, and says so).
+     4. One runs at a time, to its end; then the pending one with the fewest tokens to compute
+        (then the oldest).
+     5. The lowest priority: no piece starts while a real cold request is held or fed, nor while a
+        real request computes its prompt or was just sent.
+     6. While others generate, each piece is followed by a pause of piece_time × (1 - share) /
+        share, as `chunk` does; on an idle server pieces go back to back. The size is the Sizer's.
+     7. A real request of the same conversation ends a pending or running warm-up (superseded) once
+        its piece in flight is done, so that the request finds all of it in the slot; it is credited
+        with the tokens warm-ups computed of its prompt, each warm-up once.
+     8. A warm-up not ended `expire_s` after it was asked for expires (after its piece in flight);
+        an ended one is kept for crediting and `GET` until `expire_s` after its end (KEEP_ENDED).
+     9. Cancel ends it at once (its piece in flight is cancelled); a failed piece ends it (failed).
+    """
+
+    warmups: dict[str, WarmUp] = field(default_factory=dict)
+
+    # ---- events ------------------------------------------------------------------------------------
+
+    def submit(self, warm: WarmUp, knobs: Knobs, now: float) -> list[Decision]:
+        self._forget(knobs, now)
+        if warm.to_compute < MIN_TOKENS:
+            self.warmups[warm.id] = warm
+            return self._end(warm, Outcome.DONE, "already cached: nothing to compute", now)
+        if warm.to_compute > knobs.max_tokens:
+            warm.ids, warm.capped = warm.ids[:warm.cached + knobs.max_tokens], True
+        replaced = [w for w in self.active() if self._same(w, warm.ids)]
+        self._check_bounds(warm, replaced, knobs)
+        out: list[Decision] = []
+        for old in replaced:
+            out += self._stop(old, Outcome.SUPERSEDED, f"superseded by warm-up {warm.id}", now)
+        self.warmups[warm.id] = warm
+        return out
+
+    def on_tick(self, load: Load, sizer: Sizer, knobs: Knobs, now: float) -> list[Decision]:
+        out = self._expire(knobs, now)
+        warm = self._next()
+        if warm is None or warm.piece_upto is not None or warm.ending is not None:
+            return out
+        if load.cold_held or load.prefilling or (load.busy and now < warm.next_piece_at):
+            return out
+        remaining = len(warm.ids) - warm.done_upto
+        piece = max(1, sizer.piece(warm.done_upto, remaining, warm.largest_piece, load))
+        end = len(warm.ids)
+        warm.piece_upto = end if warm.done_upto + piece >= end else next_upto(warm.done_upto, piece)
+        if warm.started is None:
+            warm.started = now
+        return [*out, Feed(warm.id, warm.piece_upto)]
+
+    def on_piece_done(self, warm_id: str, computed: int, batch_ms: float, knobs: Knobs,
+                      now: float) -> list[Decision]:
+        warm = self.warmups.get(warm_id)
+        if warm is None or warm.outcome is not None or warm.piece_upto is None:
+            return []
+        warm.largest_piece = max(warm.largest_piece or 0, warm.piece_upto - warm.done_upto)
+        warm.done_upto, warm.piece_upto = warm.piece_upto, None
+        warm.pieces += 1
+        warm.computed += max(0, computed)
+        warm.next_piece_at = now + pause_s(batch_ms / 1000.0, knobs.prefill_share)
+        if warm.ending is not None:
+            return self._end(warm, *warm.ending, now)
+        if warm.done_upto >= len(warm.ids):
+            return self._end(warm, Outcome.DONE, "computed", now)
+        return []
+
+    def on_piece_failed(self, warm_id: str, reason: str, now: float) -> list[Decision]:
+        warm = self.warmups.get(warm_id)
+        if warm is None or warm.outcome is not None:
+            return []
+        warm.piece_upto = None
+        if warm.ending is not None:  # it was ending anyway: say how, and why the piece failed
+            outcome, why = warm.ending
+            return self._end(warm, outcome, f"{why}; its last piece failed: {reason}", now)
+        return self._end(warm, Outcome.FAILED, f"piece failed: {reason}", now)
+
+    def cancel(self, warm_id: str, now: float, why: str = "cancelled by its client") -> list[Decision]:
+        """Rule 9; KeyError for an id the queue does not know (any more)."""
+        warm = self.warmups[warm_id]
+        if warm.outcome is not None:
+            return []
+        cancel: list[Decision] = [CancelPiece(warm_id)] if warm.piece_upto is not None else []
+        warm.piece_upto = None
+        return [*cancel, *self._end(warm, Outcome.CANCELLED, why, now)]
+
+    def claim(self, ids: Sequence[int], now: float) -> tuple[list[Decision], list[str]]:
+        """Rule 7, first half: a real request with prompt `ids` arrived. Returns the decisions and
+        the warm-ups whose piece in flight the request must wait for."""
+        out: list[Decision] = []
+        wait: list[str] = []
+        for warm in self.active():
+            if self._same(warm, ids):
+                why = "a request of the same conversation arrived"
+                if warm.piece_upto is not None:
+                    warm.ending = (Outcome.SUPERSEDED, why)
+                    wait.append(warm.id)
+                else:
+                    out += self._end(warm, Outcome.SUPERSEDED, why, now)
+        return out, wait
+
+    def credit(self, ids: Sequence[int]) -> Credit:
+        """Rule 7, second half: the tokens of `ids` that ended warm-ups of its conversation
+        computed; each warm-up is credited once."""
+        tokens, credited = 0, []
+        for warm in self.warmups.values():
+            if warm.outcome is None or warm.credited or warm.computed == 0:
+                continue
+            common = common_prefix(warm.ids, ids)
+            if same_conversation(common, len(warm.ids)):
+                warm.credited = True
+                credited.append(warm.id)
+                tokens += min(warm.computed, max(0, min(common, warm.done_upto) - warm.cached))
+        return Credit(tokens, tuple(credited))
+
+    # ---- queries -----------------------------------------------------------------------------------
+
+    def active(self) -> list[WarmUp]:
+        """Pending and running warm-ups, in the order they were asked for."""
+        return [w for w in self.warmups.values() if w.outcome is None]
+
+    def claimable(self) -> bool:
+        """Whether a real request could end or be credited with a warm-up (else it need not be
+        tokenized for it)."""
+        return any(w.outcome is None or (w.computed and not w.credited) for w in self.warmups.values())
+
+    def next_wakeup(self, load: Load, knobs: Knobs, now: float) -> float | None:
+        """The earliest time after `now` at which `on_tick` may decide something with no event."""
+        times = [w.submitted + knobs.expire_s for w in self.active()]
+        warm = self._next()
+        if warm is not None and warm.piece_upto is None and load.busy:
+            times.append(warm.next_piece_at)
+        if load.recheck_at is not None:
+            times.append(load.recheck_at)
+        later = [t for t in times if t > now]
+        return min(later) if later else None
+
+    def __iter__(self) -> Iterator[WarmUp]:
+        return iter(list(self.warmups.values()))
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _next(self) -> WarmUp | None:
+        """Rule 4: the running one, else the pending one with the fewest tokens to compute."""
+        active = self.active()
+        running = [w for w in active if w.started is not None]
+        if running:
+            return running[0]
+        return min(active, key=lambda w: (w.to_compute, w.submitted), default=None)
+
+    def _same(self, warm: WarmUp, ids: Sequence[int]) -> bool:
+        return same_conversation(common_prefix(warm.ids, ids), len(warm.ids))
+
+    def _check_bounds(self, warm: WarmUp, replaced: list[WarmUp], knobs: Knobs) -> None:
+        staying = [w for w in self.active()
+                   if w.ending is None and all(w is not r for r in replaced)]
+        if len(staying) >= knobs.max_pending:
+            raise WarmRefused(f"{len(staying)} warm-ups are pending or running already "
+                              f"(warm.max_pending = {knobs.max_pending}); try again later")
+        mine = [w for w in staying if warm.client is not None and w.client == warm.client]
+        if len(mine) >= knobs.max_per_client:
+            raise WarmRefused(f"client {warm.client!r} has {len(mine)} warm-ups pending or running "
+                              f"already (warm.max_per_client = {knobs.max_per_client})")
+
+    def _stop(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[Decision]:
+        """End now, or once the piece in flight is done."""
+        if warm.piece_upto is not None:
+            warm.ending = (outcome, why)
+            return []
+        return self._end(warm, outcome, why, now)
+
+    def _expire(self, knobs: Knobs, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for warm in self.active():
+            if now >= warm.submitted + knobs.expire_s and warm.ending is None:
+                out += self._stop(warm, Outcome.EXPIRED,
+                                  f"not finished within warm.expire_s = {knobs.expire_s:g} s", now)
+        self._forget(knobs, now)
+        return out
+
+    def _end(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[Decision]:
+        warm.outcome, warm.reason, warm.ended, warm.ending = outcome, why, now, None
+        return [Ended(warm.id)]
+
+    def _forget(self, knobs: Knobs, now: float) -> None:
+        ended = sorted(((w.ended, w.id) for w in self.warmups.values() if w.ended is not None),
+                       reverse=True)
+        old = {warm_id for at, warm_id in ended if now - at >= knobs.expire_s}
+        old.update(warm_id for _, warm_id in ended[KEEP_ENDED:])
+        for warm_id in old:
+            del self.warmups[warm_id]

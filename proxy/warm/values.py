@@ -1,0 +1,126 @@
+"""What the warm-up queue keeps and answers: a warm-up, what the real requests are doing (`Load`),
+the knobs, the decisions. Values and a little arithmetic; the queue (`queue.py`) decides.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Outcome(enum.StrEnum):
+    DONE = "done"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+class WarmRefused(Exception):
+    """A warm-up the bounds do not let in (HTTP 429); the message names the config key."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    max_pending: int = 8
+    max_tokens: int = 32768
+    expire_s: float = 300.0
+    max_per_client: int = 2
+    prefill_share: float = 0.55
+    """The prefill policy's share: the pause after a piece while others generate, as `chunk`."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the real requests are doing now, as far as a warm-up cares."""
+
+    cold_held: bool = False
+    """A real cold request is held or fed in pieces by the prefill policy."""
+    prefilling: bool = False
+    """A real request is computing its prompt, or was sent upstream a moment ago."""
+    busy: bool = False
+    """Real requests are in flight upstream (generating)."""
+    decoders: int = 0
+    recheck_at: float | None = None
+    """When `prefilling` may end with no event to say so (a just-sent request's grace)."""
+
+
+class Sizer(Protocol):
+    def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
+        """Tokens of the next piece after `done` cached, `remaining` to go."""
+        ...
+
+
+@dataclass(eq=False)
+class WarmUp:
+    id: str
+    client: str | None
+    ids: Sequence[int]
+    """The prefix to compute (cut to `max_tokens` tokens after the cached part)."""
+    cached: int
+    """Tokens the server held already when the warm-up was asked for (the cache model)."""
+    submitted: float
+    capped: bool = False
+    done_upto: int = -1
+    piece_upto: int | None = None
+    next_piece_at: float = 0.0
+    pieces: int = 0
+    computed: int = 0
+    """Tokens the server computed for its pieces."""
+    largest_piece: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    outcome: Outcome | None = None
+    reason: str = ""
+    ending: tuple[Outcome, str] | None = None
+    """How it ends once the piece in flight is done."""
+    credited: bool = False
+    """A real request was credited with its work."""
+
+    def __post_init__(self) -> None:
+        if self.done_upto < 0:
+            self.done_upto = self.cached
+
+    @property
+    def to_compute(self) -> int:
+        return max(0, len(self.ids) - self.cached)
+
+    @property
+    def state(self) -> str:
+        if self.outcome is not None:
+            return "ended"
+        return "pending" if self.started is None else "running"
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Send the prefix's first `upto` ids as a piece; report `on_piece_done` or `on_piece_failed`."""
+
+    warm_id: str
+    upto: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The warm-up ended (`outcome` is set): write its record."""
+
+    warm_id: str
+
+
+@dataclass(frozen=True)
+class CancelPiece:
+    """Close the piece in flight; report nothing more for it."""
+
+    warm_id: str
+
+
+Decision = Feed | Ended | CancelPiece
+
+
+@dataclass(frozen=True)
+class Credit:
+    tokens: int = 0
+    """Prompt tokens of the request that warm-ups computed."""
+    warm_ids: tuple[str, ...] = ()

@@ -1,0 +1,226 @@
+"""The warmer: the one place where the warm-up queue's decisions become I/O.
+
+It renders a warm-up's stable prefix (`stable_prefix`), feeds its pieces with the prefill feature's
+`PieceFeeder` (token-id prefixes to `/completion`, `n_predict: 0`, never pinned), corrects the cache
+model after each, ends a warm-up when a real request of its conversation arrives (`claim`, the
+prefill gate's hook) and writes one timing record per warm-up. A background loop ticks the queue at
+each registry change and at the queue's next wakeup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from array import array
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from proxy.config import PrefillConfig
+from proxy.estimate import EstimateError
+from proxy.prefill.estimator import Estimator
+from proxy.prefill.feeder import PieceError, PieceFeeder
+from proxy.prefill.snapshot import PolicySnapshot
+from proxy.record.flight import Flight, Phase
+from proxy.state import ProxyState
+from proxy.warm.load import current_load
+from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
+from proxy.warm.queue import WarmQueue
+from proxy.warm.record import warm_record
+from proxy.warm.sizing import CostSizer
+from proxy.warm.values import CancelPiece, Decision, Ended, Feed, Knobs, WarmUp
+
+log = logging.getLogger("slotwise.warm")
+
+NEXT_TOKEN = -1
+"""Stands for the turn's first token after the prefix: the cache model then counts every id of the
+prefix it holds (it never counts a prompt's last id as cached, which the server computes again)."""
+
+
+async def stable_prefix(estimator: Estimator, config: PrefillConfig, kind: str,
+                        body: Mapping[str, Any]) -> tuple[list[int], int]:
+    """The ids a warm-up computes (`prefix.py` says which) and how many of them the server holds
+    (all of them, possibly: the turn that follows extends them, so none is computed again).
+    Raises EstimateError (NotEstimable: the body's fault)."""
+    if is_chat_like(kind):
+        so_far, turn = chat_renders(kind, body)
+        ids, _ = await estimator.estimate(config, "chat", so_far)
+        ids = ids[:common_prefix(ids, await estimator.prompt_ids(config, "chat", turn))]
+    else:
+        ids, _ = await estimator.estimate(config, kind, body)
+    return ids, min(len(ids), estimator.cache.estimate_cached([*ids, NEXT_TOKEN]))
+
+
+Teach = Callable[[int, int, float], None]
+"""(prompt_n, cache_n, prompt_ms) of a piece: the prefill policy's batch cost learns from it."""
+
+
+class Warmer:
+    def __init__(self, state: ProxyState, snapshot: Callable[[], PolicySnapshot | None],
+                 estimator: Estimator, feeder: PieceFeeder, teach: Teach | None = None) -> None:
+        self._state = state
+        self._snapshot = snapshot
+        self._teach = teach
+        self._estimator = estimator
+        self._feeder = feeder
+        self._clock = state.clock
+        self.queue = WarmQueue()
+        self._flights: dict[str, Flight] = {}  # each warm-up's record facts, until written
+        self._lora: dict[str, Any] = {}
+        self._pieces: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self.ended = Counter[str]()
+        """Warm-ups ended, by outcome (the metrics)."""
+        self.computed_tokens = 0
+        self.warmed_tokens = 0
+        """Prompt tokens of real requests that warm-ups had computed for them."""
+
+    def now(self) -> float:
+        return self._clock()
+
+    def knobs(self) -> Knobs:
+        warm, prefill = self._state.config.warm, self._state.config.prefill
+        return Knobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
+                     expire_s=warm.expire_s, max_per_client=warm.max_per_client,
+                     prefill_share=prefill.prefill_share)
+
+    # ---- the HTTP side -----------------------------------------------------------------------------
+
+    async def submit(self, flight: Flight, kind: str, body: Mapping[str, Any], lora: Any) -> WarmUp:
+        """Queue a warm-up of `body` (WarmRefused, EstimateError). `flight` becomes its record."""
+        ids, cached = await stable_prefix(self._estimator, self._state.config.prefill, kind, body)
+        now = self._clock()
+        warm = WarmUp(id=flight.id, client=flight.client, ids=array("l", ids), cached=cached,
+                      submitted=now)
+        decisions = self.queue.submit(warm, self.knobs(), now)
+        self._flights[warm.id], self._lora[warm.id] = flight, lora if isinstance(lora, list) else None
+        self._apply(decisions)
+        self._wake.set()
+        return warm
+
+    def cancel(self, warm_id: str) -> None:
+        """KeyError for an unknown id."""
+        self._apply(self.queue.cancel(warm_id, self._clock()))
+        self._wake.set()
+
+    # ---- the prefill gate's hook -------------------------------------------------------------------
+
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
+        """A real request: a warm-up of its conversation ends here, after its piece in flight (so
+        the request finds all of it in the slot, and the estimate that follows sees it cached);
+        the request's `warmed_tokens` say what warm-ups computed of its prompt."""
+        if not self.queue.claimable():
+            return  # nothing to end or credit: not even a tokenizer call
+        try:
+            await self._claim(flight, body)
+        except EstimateError:
+            return
+        except Exception:  # fail open: a bug here must not fail the request
+            log.exception("ending the warm-ups of %s's conversation failed", flight.id)
+
+    async def _claim(self, flight: Flight, body: dict[str, Any]) -> None:
+        ids = await self._estimator.prompt_ids(self._state.config.prefill, str(flight.kind), body)
+        decisions, wait = self.queue.claim(ids, self._clock())
+        self._apply(decisions)
+        pieces = [self._pieces[w] for w in wait if w in self._pieces]
+        if pieces:  # asyncio.wait: a request whose client leaves does not cancel the piece
+            await asyncio.wait(pieces)
+        credit = self.queue.credit(ids)
+        flight.warmed_tokens, flight.warm_ids = credit.tokens, list(credit.warm_ids)
+        self.warmed_tokens += credit.tokens
+        self._wake.set()
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        """Registry listener: what the real requests do changed; look again."""
+        self._wake.set()
+
+    def tick(self) -> float | None:
+        """One look at the queue; returns when to look again at the latest."""
+        now, knobs, snap = self._clock(), self.knobs(), self._snapshot()
+        if snap is None:  # no prefill policy to size pieces by: never warm
+            return None
+        load = current_load(snap.held, self._state.registry, now)
+        cfg = self._state.config.prefill
+        sizer = CostSizer(snap.cost.cost, cfg.max_stall_ms, cfg.n_batch, cfg.prefill_share)
+        self._apply(self.queue.on_tick(load, sizer, knobs, now))
+        return self.queue.next_wakeup(load, knobs, now)
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            wakeup = self.tick()
+            delay = None if wakeup is None else max(0.0, wakeup - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    async def close(self) -> None:
+        """At shutdown: every warm-up still pending or running ends (cancelled), with its record."""
+        now = self._clock()
+        for warm in self.queue.active():
+            self._apply(self.queue.cancel(warm.id, now, "slotwise stopped"))
+        tasks = list(self._pieces.values())
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- applying decisions ------------------------------------------------------------------------
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            match decision:
+                case Feed():
+                    self._pieces[decision.warm_id] = asyncio.create_task(
+                        self._piece(decision.warm_id, decision.upto),
+                        name=f"slotwise-warm-{decision.warm_id}")
+                case CancelPiece():
+                    task = self._pieces.get(decision.warm_id)
+                    if task is not None:
+                        task.cancel()
+                case Ended():
+                    self._write(decision.warm_id)
+
+    async def _piece(self, warm_id: str, upto: int) -> None:
+        warm, flight = self.queue.warmups[warm_id], self._flights[warm_id]
+        start = self._clock()
+        if flight.timer.prefill_started is None:  # others' records see the warm-up's prefill
+            flight.timer.prefill_started = start
+            self._state.registry.start_prefill(flight, start)
+        try:
+            result = await self._feeder.feed(warm.ids, upto, self._lora.get(warm_id))
+        except PieceError as exc:
+            self._apply(self.queue.on_piece_failed(warm_id, str(exc), self._clock()))
+            return
+        except Exception as exc:  # a bug must not leave the warm-up running
+            log.exception("a piece of warm-up %s failed inside slotwise", warm_id)
+            self._apply(self.queue.on_piece_failed(
+                warm_id, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
+            return
+        finally:
+            self._pieces.pop(warm_id, None)
+            self._wake.set()
+        now = flight.timer.prefill_done = self._clock()
+        self._estimator.learn(warm.ids[:upto], result.cache_n)
+        if self._teach is not None:
+            self._teach(result.prompt_n, result.cache_n, result.batch_ms)
+        self._apply(self.queue.on_piece_done(warm_id, result.prompt_n, result.batch_ms,
+                                             self.knobs(), now))
+
+    def _write(self, warm_id: str) -> None:
+        """The warm-up's one record: written once, whatever ended it."""
+        flight, warm = self._flights.pop(warm_id, None), self.queue.warmups.get(warm_id)
+        self._lora.pop(warm_id, None)
+        if flight is None or warm is None:
+            return
+        now = self._clock()
+        flight.timer.on_end(now)
+        flight.status = 202
+        if flight.prefill_start is not None:  # its prefill ended with its last piece
+            flight.prefill_end = flight.timer.prefill_done or now
+            self._state.registry.finish(flight, now)
+        record = warm_record(flight, warm)
+        self._state.timing_log.write(record)
+        self._state.observe_record(record)
+        self.ended[record.outcome] += 1
+        self.computed_tokens += warm.computed

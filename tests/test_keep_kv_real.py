@@ -1,0 +1,220 @@
+"""keep_kv in front of a real llama-server (tiny model, `-np 2`, `--slot-save-path`): a conversation
+saved, llama-server restarted, and the next turn restored (cached, and far faster than cold); nothing
+saved while a request is in flight; the disk budget deletes the least recently used; a restore that
+fails is forwarded as it came, with a note; and a server without `--slot-save-path` is detected."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.keep.index import INDEX_NAME
+from proxy.runner import ProxyThread
+from proxy.testbed.model import ModelFiles
+from proxy.testbed.server import LlamaServer
+from proxy.testbed.words import filler
+from tests.conftest import StartLlamaServer, StartProxy
+from tests.helpers import http as call
+from tests.helpers import read_records
+from tests.test_prefill_real import Stream
+
+pytestmark = pytest.mark.real_server
+
+PREFILL = {"mode": "chunk", "cold_tokens": 100_000}
+"""The estimate keep_kv needs, and no pieces (these tests are about whole prompts)."""
+
+
+def keep(directory: Path, **knobs: Any) -> dict[str, Any]:
+    return {"enabled": True, "dir": str(directory), "save_after_idle_s": 1.0, "min_tokens": 256,
+            **knobs}
+
+
+def history(seed: int, turns: int) -> list[dict[str, str]]:
+    """A conversation of about 270 tokens a turn pair, ending with the assistant's reply."""
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": f"conversation {seed}"}]
+    for i in range(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": filler(rng, 55)})
+    return messages
+
+
+def turn(messages: list[dict[str, str]], text: str) -> dict[str, Any]:
+    return {"messages": [*messages, {"role": "user", "content": text}], "max_tokens": 3,
+            "stream": True}
+
+
+def ask(proxy: ProxyThread, body: dict[str, Any]) -> dict[str, Any]:
+    """One turn through the proxy; its record."""
+    before = len(read_records(proxy))
+    reply = call("POST", proxy.url + "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.content[:300]
+    def chats() -> list[dict[str, Any]]:  # a restore's own record may come first
+        return [r for r in read_records(proxy)[before:] if r["kind"] == "chat"]
+
+    wait_for(lambda: bool(chats()))
+    return chats()[-1]
+
+
+def status(proxy: ProxyThread) -> dict[str, Any]:
+    section: dict[str, Any] = call("GET", proxy.url + "/slotwise/status").json()["keep_kv"]
+    return section
+
+
+def wait_for(what: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def saved(proxy: ProxyThread, count: int = 1) -> list[dict[str, Any]]:
+    wait_for(lambda: status(proxy)["saves"]["done"] >= count)
+    files: list[dict[str, Any]] = status(proxy)["files"]
+    return files
+
+
+@pytest.fixture
+def save_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "kv"
+    path.mkdir(mode=0o700)
+    return path
+
+
+@pytest.fixture
+def restart(llama_server_binary: Path, tiny_model: ModelFiles, tmp_path: Path
+            ) -> Iterator[Callable[[LlamaServer], LlamaServer]]:
+    """Stop a server and start the same one again on its port (its saves stay on disk)."""
+    started: list[LlamaServer] = []
+
+    def again(server: LlamaServer) -> LlamaServer:
+        port = server.port
+        server.stop()
+        fresh = LlamaServer(tiny_model.model, lora=None, args=server.args, port=port,
+                            binary=llama_server_binary, log_path=tmp_path / f"restart-{len(started)}.log")
+        started.append(fresh)
+        return fresh.start()
+
+    try:
+        yield again
+    finally:
+        for server in started:
+            server.stop()
+
+
+def server_args(save_dir: Path) -> list[str]:
+    return ["-np", "2", "-c", "16384", "--slot-save-path", str(save_dir)]
+
+
+def test_a_saved_conversation_is_restored_after_a_restart(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is True)
+    assert status(proxy)["problem"] is None  # a private directory, files slotwise owns
+    talk = history(1, 13)
+    cold = ask(proxy, turn(talk, "first"))
+    [file] = saved(proxy)
+    path = save_dir / file["name"]
+    assert path.stat().st_mode & 0o777 == 0o600 and file["tokens"] >= cold["prompt_tokens"]
+    index = (save_dir / INDEX_NAME).read_text()
+    assert " ".join(talk[1]["content"].split()[:3]) not in index  # hashes and counts, never text
+
+    restart(server)
+    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    warm = ask(proxy, turn(talk, "second"))
+    assert warm["restored_tokens"] >= cold["prompt_tokens"] - 64
+    assert warm["timings"]["cache_n"] >= warm["restored_tokens"]
+    assert warm["timings"]["prompt_n"] < 100  # only the new messages were computed
+    assert warm["ttft_ms"] < cold["ttft_ms"] / 3, (warm["ttft_ms"], cold["ttft_ms"])
+    restores = [r for r in read_records(proxy) if r["kind"] == "kv_restore"]
+    assert [r["outcome"] for r in restores] == ["done"] and restores[0]["kv_bytes"] > 0
+
+
+def test_nothing_is_saved_while_a_request_is_in_flight(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is True)
+    ask(proxy, turn(history(2, 5), "first"))
+    stream = Stream(proxy.url, tokens=20000)
+    try:
+        time.sleep(3.0)  # the conversation is due, its slot idle, but a stream generates
+        assert status(proxy)["saves"]["done"] == 0
+        assert [r for r in read_records(proxy) if r["kind"] == "kv_save"] == []
+    finally:
+        stream.close()
+    saved(proxy)
+    records = read_records(proxy)
+    [save] = [r for r in records if r["kind"] == "kv_save"]
+    busy = [r for r in records if r["kind"] == "chat"]
+    assert all(_end(r) <= save["start"] for r in busy), "a save ran while a request was in flight"
+
+
+def _end(record: dict[str, Any]) -> str:
+    from datetime import datetime, timedelta
+    end = datetime.fromisoformat(record["start"]) + timedelta(milliseconds=record["total_ms"])
+    return end.isoformat(timespec="milliseconds")
+
+
+def test_the_disk_budget_deletes_the_least_recently_used(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir, max_files=2))
+    wait_for(lambda: status(proxy)["working"] is True)
+    talks = {name: history(seed, 5) for seed, name in enumerate("abcd", start=10)}
+    names: dict[str, str] = {}
+    for i, name in enumerate("abc", start=1):
+        ask(proxy, turn(talks[name], "hi"))
+        names[name] = saved(proxy, i)[0]["name"]  # the most recently used first
+    assert sorted(f["name"] for f in status(proxy)["files"]) == sorted([names["b"], names["c"]])
+    assert not (save_dir / names["a"]).exists()
+
+    restart(server)  # b's turn is then restored: b is used more recently than c
+    assert ask(proxy, turn(talks["b"], "hi"))["restored_tokens"] > 0
+    ask(proxy, turn(talks["d"], "hi"))
+    wait_for(lambda: status(proxy)["saves"]["done"] >= 4)
+    kept = {f["name"] for f in status(proxy)["files"]}
+    assert names["b"] in kept and names["c"] not in kept and len(kept) == 2
+    assert sorted(p.name for p in save_dir.iterdir() if p.name.endswith(".kv")) == sorted(kept)
+
+
+def test_a_failed_restore_is_forwarded_as_it_came_with_a_note(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(3, 5)
+    first = ask(proxy, turn(talk, "first"))
+    [file] = saved(proxy)
+    (save_dir / file["name"]).write_bytes(b"not a slot file")  # damaged on disk
+    restart(server)
+    again = ask(proxy, turn(talk, "first"))
+    assert again["restored_tokens"] == 0 and again["timings"]["cache_n"] == 0
+    assert again["timings"]["prompt_n"] == first["timings"]["prompt_n"]
+    assert again["policy_note"].startswith(f"keep_kv: restoring {file['name']} failed, "
+                                           "forwarded as it came")
+    [restore] = [r for r in read_records(proxy) if r["kind"] == "kv_restore"]
+    assert restore["outcome"] == "failed" and restore["status"] == 400
+    assert not (save_dir / file["name"]).exists()  # llama-server refused it: deleted
+
+
+def test_a_server_without_slot_save_path_is_detected(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
+    server = start_llama_server(lora=False, args=["-np", "2", "-c", "8192"])
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is not None)
+    section = status(proxy)
+    assert section["working"] is False and "--slot-save-path" in section["note"]
+    metrics = call("GET", proxy.url + "/metrics").content.decode()
+    assert "slotwise_keep_kv_working 0.0" in metrics
+    ask(proxy, turn(history(4, 5), "first"))  # requests go as usual
+    time.sleep(2.0)  # past keep_kv.save_after_idle_s
+    assert status(proxy)["saves"]["done"] == 0 and list(save_dir.iterdir()) == []

@@ -1,0 +1,199 @@
+"""keep_kv's parts apart from a server: the `[keep_kv]` table, the index and the files on disk, the
+status page and /metrics views, the report's table and the benchmark's tables."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar, cast
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from proxy.bench.keep import budget_table, returning_table
+from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn
+from proxy.config import ConfigError, load_config, parse_config
+from proxy.keep.feature import restart_only
+from proxy.keep.index import INDEX_NAME, Shelf, files_on_disk, load_index, write_index
+from proxy.keep.probe import Probe, save_refused
+from proxy.keep.store import KeepStore
+from proxy.keep.values import Delete, KeepFile, Knobs, SavedFile, lora_variant
+from proxy.keep.views import keep_metrics, status_view
+from proxy.report.keep_table import keep_tables
+from proxy.state import ProxyState
+from proxy.upstream import UpstreamCallError
+
+EXAMPLE = Path(__file__).parent.parent / "config" / "slotwise.toml"
+
+
+def saved(name: str = "slotwise-00000000000000aa.kv", *, size: int = 100, at: float = 0.0) -> SavedFile:
+    return SavedFile(name=name, chain=(1, 2, 3), variant="", model="/m.gguf", tokens=200, size=size,
+                     saved_at=at, last_used=at)
+
+
+class TestConfig:
+    def test_defaults_suit_a_small_team_and_are_off(self) -> None:
+        keep = parse_config({}).keep_kv
+        assert not keep.enabled and keep.dir == ""
+        assert (keep.save_after_idle_s, keep.max_disk_gb, keep.max_files) == (120.0, 32.0, 64)
+
+    @pytest.mark.parametrize(("table", "message"), [
+        ({"enabled": "yes"}, "keep_kv.enabled: expected true or false, got 'yes'"),
+        ({"enabled": True}, "keep_kv.dir: must name a directory when keep_kv.enabled is true"),
+        ({"enabled": True, "dir": "/no/such/dir"}, "keep_kv.dir: '/no/such/dir' is not a directory"),
+        ({"max_disk_gb": -1}, "keep_kv.max_disk_gb: -1 is out of range"),
+        ({"save_after_idle_s": "1m"}, "keep_kv.save_after_idle_s: expected a number, got '1m'"),
+        ({"min_tokens": 10}, "keep_kv.min_tokens: 10 is out of range"),
+        ({"size": 1}, "keep_kv.size: unknown key (valid: enabled, dir, save_after_idle_s"),
+    ])
+    def test_bad_values_name_the_dotted_key(self, table: dict[str, Any], message: str) -> None:
+        with pytest.raises(ConfigError) as info:
+            parse_config({"keep_kv": table, "prefill": {"mode": "chunk"}})
+        assert message in str(info.value)
+
+    def test_it_needs_the_estimate(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError) as info:
+            parse_config({"keep_kv": {"enabled": True, "dir": str(tmp_path)}})
+        assert "keep_kv.enabled: true needs the prompt's estimate, which prefill.mode 'off'" in str(
+            info.value)
+        config = parse_config({"keep_kv": {"enabled": True, "dir": str(tmp_path)},
+                               "prefill": {"mode": "defer"}})
+        assert config.keep_kv.enabled
+
+    def test_the_example_documents_every_key(self) -> None:
+        text = EXAMPLE.read_text()
+        section = text[text.index("[keep_kv]"):]
+        for key in ("enabled", "dir", "save_after_idle_s", "max_disk_gb", "max_files",
+                    "max_age_days", "min_tokens"):
+            assert f"\n{key} = " in section
+        assert load_config(EXAMPLE).keep_kv == parse_config({}).keep_kv
+
+    def test_enabled_and_dir_change_only_on_a_restart(self, tmp_path: Path) -> None:
+        on = {"keep_kv": {"enabled": True, "dir": str(tmp_path)}, "prefill": {"mode": "chunk"}}
+        state = SimpleNamespace(config=parse_config({}), reload_checks=[])
+        restart_only(cast(ProxyState, state))
+        [check] = state.reload_checks
+        with pytest.raises(ConfigError) as info:
+            asyncio.run(check(parse_config(on)))
+        assert "keep_kv.enabled: True takes effect only on a restart" in str(info.value)
+        asyncio.run(check(parse_config({"keep_kv": {"max_files": 3}})))  # the budget may change
+
+
+class TestFiles:
+    def test_the_index_round_trips_private_and_without_text(self, tmp_path: Path) -> None:
+        write_index(tmp_path, [saved()])
+        assert load_index(tmp_path) == [saved()]
+        assert os.stat(tmp_path / INDEX_NAME).st_mode & 0o777 == 0o600
+
+    def test_an_index_of_other_hashes_is_ignored_a_broken_one_reported(self, tmp_path: Path) -> None:
+        (tmp_path / INDEX_NAME).write_bytes(orjson.dumps({"hashes": "other", "files": [1]}))
+        assert load_index(tmp_path) == []
+        (tmp_path / INDEX_NAME).write_text("{")
+        shelf = Shelf(tmp_path)
+        assert shelf.load() == ([], {}) and "is not an index slotwise wrote" in (shelf.problem or "")
+
+    def test_only_slotwise_files_are_listed(self, tmp_path: Path) -> None:
+        for name in ("slotwise-ab.kv", "slotwise-cd.kv.part", "theirs.bin", INDEX_NAME):
+            (tmp_path / name).write_bytes(b"x" * 3)
+        assert files_on_disk(tmp_path) == {"slotwise-ab.kv": 3, "slotwise-cd.kv.part": 3}
+
+    def test_a_kept_file_is_private_and_renamed_a_deleted_one_gone(self, tmp_path: Path) -> None:
+        (tmp_path / "slotwise-ab.kv.part").write_bytes(b"kv")
+        (tmp_path / "slotwise-ab.kv.part").chmod(0o644)
+        (tmp_path / "slotwise-old.kv").write_bytes(b"kv")
+        shelf = Shelf(tmp_path)
+        lost = shelf.apply([KeepFile("slotwise-ab.kv.part", "slotwise-ab.kv"),
+                            Delete("slotwise-old.kv", "superseded")], [saved("slotwise-ab.kv")])
+        assert lost == [] and shelf.problem is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([INDEX_NAME, "slotwise-ab.kv"])
+        assert (tmp_path / "slotwise-ab.kv").stat().st_mode & 0o777 == 0o600
+        assert [f.name for f in load_index(tmp_path)] == ["slotwise-ab.kv"]
+
+    def test_a_file_that_cannot_be_renamed_is_lost_and_said(self, tmp_path: Path) -> None:
+        shelf = Shelf(tmp_path)
+        assert shelf.apply([KeepFile("slotwise-x.kv.part", "slotwise-x.kv")], []) == ["slotwise-x.kv"]
+        assert "cannot rename slotwise-x.kv.part" in (shelf.problem or "")
+
+
+class TestViews:
+    def test_lora_settings_become_a_digest(self) -> None:
+        assert lora_variant(None) == ""
+        assert lora_variant([{"id": 0, "scale": 1.0}]) == lora_variant([{"scale": 1.0, "id": 0}])
+        assert lora_variant([{"id": 0, "scale": 1.0}]) != lora_variant([{"id": 0, "scale": 0.5}])
+
+    def test_a_refused_probe_says_what_to_do(self) -> None:
+        assert "without --slot-save-path" in save_refused(UpstreamCallError("x", status=501))
+        assert "got no answer" in save_refused(UpstreamCallError("x"))
+
+    def test_status_lists_files_and_conversations_by_name_only(self) -> None:
+        store = KeepStore(Knobs())
+        store.load([saved(size=5_000)], {saved().name: 5_000}, 0.0)
+        view = status_view(store, Probe(True, "saving works in /kv", "/m.gguf"), directory="/kv",
+                           problem=None, saves={"done": 2}, restores={}, restored_tokens=7, now=60.0)
+        assert view["working"] is True and view["disk_bytes"] == 5_000
+        assert view["files"] == [{"name": saved().name, "tokens": 200, "bytes": 5_000, "uses": 0,
+                                  "saved_s_ago": 60.0, "used_s_ago": 60.0}]
+        assert view["saves"] == {"done": 2, "changed": 0, "failed": 0}
+
+    def test_metrics_have_the_disk_in_use(self) -> None:
+        store = KeepStore(Knobs())
+        store.load([saved(size=5_000)], {saved().name: 5_000}, 0.0)
+        registry = CollectorRegistry()
+
+        class Collector:
+            def collect(self) -> Iterable[Metric]:
+                return keep_metrics(store, True, {"done": 1}, {"failed": 1}, 300)
+
+        registry.register(Collector())
+        text = generate_latest(registry).decode()
+        for line in ("slotwise_keep_kv_working 1.0", "slotwise_keep_kv_disk_bytes 5000.0",
+                     "slotwise_keep_kv_files 1.0", 'slotwise_keep_kv_saves_total{outcome="done"} 1.0',
+                     'slotwise_keep_kv_restores_total{outcome="failed"} 1.0',
+                     "slotwise_keep_kv_restored_tokens_total 300.0"):
+            assert line in text
+
+
+class TestReport:
+    RECORDS: ClassVar[list[dict[str, Any]]] = [
+        {"kind": "chat", "outcome": "done", "ttft_ms": 30_000.0,
+         "timings": {"prompt_n": 10_000, "prompt_ms": 25_000.0}},
+        {"kind": "kv_save", "outcome": "done", "prompt_tokens": 10_010, "total_ms": 800.0,
+         "kv_bytes": 246_000_000},
+        {"kind": "kv_restore", "outcome": "done", "prompt_tokens": 10_010, "total_ms": 50.0,
+         "kv_bytes": 246_000_000},
+        {"kind": "chat", "outcome": "done", "ttft_ms": 300.0, "restored_tokens": 9_984,
+         "timings": {"prompt_n": 30, "prompt_ms": 60.0}},
+        {"kind": "kv_restore", "outcome": "failed", "total_ms": 5.0},
+    ]
+
+    def test_restores_tokens_and_time_saved(self) -> None:
+        [table] = keep_tables(self.RECORDS)
+        rows = {r.label: r for r in table.rows}
+        assert rows["saves done"].n == 1 and rows["saves done"].values[2] == pytest.approx(0.246)
+        assert rows["restores done"].n == 1 and rows["restores failed"].n == 1
+        assert rows["requests with a restored prefix"].values[:2] == (9_984.0, 0.3)
+        saved_s = rows["time saved (estimated)"].values[1]
+        assert saved_s == pytest.approx(9_984 * 2.5 / 1000 - 0.05)  # 2.5 ms a token, less the restore
+
+    def test_no_table_without_keep_kv(self) -> None:
+        assert keep_tables([self.RECORDS[0]]) == ()
+
+
+class TestBenchTables:
+    def test_the_tables_show_the_aims(self) -> None:
+        figures = KeepFigures(returning_restored=Turn(0.4, 14_000, 30, 13_952, 0.1),
+                              returning_recomputed=Turn(35.0, 14_000, 14_000, 0, 0.16), day_one_s=34.8,
+                              budgets={"all": [Turn(0.3, 1000, 20, 960)] * 4,
+                                       "2": [Turn(2.0, 1000, 1000, 0)] * 2 + [Turn(0.3, 1000, 20, 960)] * 2})
+        sc = KeepScenario(conversations=4, small_budget=2)
+        restored = returning_table(figures, sc, "small")
+        assert [next(iter(c.cells)) for c in restored.columns[1:3]] == ["0.40 s", "35.00 s"]
+        budgets = budget_table(figures, sc)
+        assert list(budgets.columns[1].cells) == ["4 of 4", "2 of 4"]
+        assert list(budgets.columns[2].cells) == ["4 of 4 (N=4)", "2 of 2 (N=2)"]
+        assert list(budgets.columns[3].cells) == ["0 of 0", "0 of 2"]

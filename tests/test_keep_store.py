@@ -1,0 +1,407 @@
+"""The keep store, rule by rule: each test class is one numbered rule of `KeepStore`.
+
+Hand-made conversations (token ids are plain numbers, hashed into chains as slotwise does), slots as
+`/slots` would show them, and a wall clock of plain numbers; no server, no files, no event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from proxy.estimate import block_hashes
+from proxy.keep.budget import over_budget
+from proxy.keep.store import MAX_CONVERSATIONS, PLACE_WITHIN_S, KeepStore, names
+from proxy.keep.values import (
+    Decision,
+    Delete,
+    ForgetCache,
+    KeepFile,
+    Knobs,
+    RestoreInto,
+    SavedFile,
+    SaveSlot,
+    SlotState,
+    Where,
+    file_name,
+    read_slots,
+)
+
+KNOBS = Knobs(save_after_idle_s=100.0, max_bytes=10_000, max_files=5, max_age_s=1000.0,
+              min_tokens=256)
+MODEL = "/models/m.gguf"
+
+
+def ids(n: int, seed: int = 1, start: int = 0) -> list[int]:
+    """A prompt's ids: distinct per seed, `start` ids shared by every seed first."""
+    return list(range(start)) + [seed * 100_000 + i for i in range(n - start)]
+
+
+def chain(n: int, seed: int = 1, start: int = 0) -> tuple[int, ...]:
+    return tuple(block_hashes(ids(n, seed, start)))
+
+
+def slot(slot_id: int, tokens: int = 0, task: int | None = None, busy: bool = False) -> SlotState:
+    return SlotState(id=slot_id, busy=busy, tokens=tokens, task=task)
+
+
+def store(knobs: Knobs = KNOBS) -> KeepStore:
+    s = KeepStore(knobs)
+    s.set_model(MODEL)
+    return s
+
+
+def ended(s: KeepStore, n: int, seed: int = 1, *, generated: int = 10, at: float = 0.0,
+          variant: str = "") -> str:
+    """A request of `n` prompt tokens ended at `at`; the conversation's name."""
+    s.on_request_ended(chain(n, seed), variant, n, generated, at)
+    return file_name(chain(n, seed), variant)
+
+
+def saved_file(n: int, seed: int = 1, *, size: int = 1000, at: float = 0.0, uses: int = 0,
+               model: str = MODEL, variant: str = "") -> SavedFile:
+    c = chain(n, seed)
+    return SavedFile(name=file_name(c, variant), chain=c, variant=variant, model=model, tokens=n,
+                     size=size, saved_at=at, last_used=at, uses=uses)
+
+
+def with_files(*files: SavedFile, knobs: Knobs = KNOBS) -> KeepStore:
+    s = store(knobs)
+    s.load(files, {f.name: f.size for f in files}, 0.0)
+    return s
+
+
+def saves(decisions: list[Decision]) -> list[SaveSlot]:
+    return [d for d in decisions if isinstance(d, SaveSlot)]
+
+
+def save_one(s: KeepStore, n: int, seed: int = 1, *, slot_id: int = 0, task: int = 1,
+             size: int = 1000, at: float = 0.0) -> list[Decision]:
+    """The whole path: a request ends, it is placed, saved when due, and the save succeeds."""
+    ended(s, n, seed, at=at)
+    s.on_slots([slot(slot_id, n + 9, task)], at + 0.1, quiet=True)
+    [save] = saves(s.on_slots([slot(slot_id, n + 9, task)], at + 200, quiet=True))
+    return s.on_saved(save, save.tokens, size, at + 200)
+
+
+class TestRule1Identity:
+    def test_a_conversation_is_named_by_its_chain_and_lora_settings(self) -> None:
+        s = store()
+        a = ended(s, 1000)
+        assert a == file_name(chain(1000), "") and a.startswith("slotwise-") and a.endswith(".kv")
+        assert ended(s, 1000, variant='[{"id":0,"scale":1.0}]') != a
+        assert ended(s, 1000, seed=2) != a
+
+    def test_a_short_prompt_is_not_kept(self) -> None:
+        s = store()
+        ended(s, 200)
+        assert s.conversations == {}
+
+    def test_the_same_prompt_again_replaces_its_entry(self) -> None:
+        s = store()
+        name = ended(s, 1000, at=1.0)
+        ended(s, 1000, at=5.0)
+        assert list(s.conversations) == [name] and s.conversations[name].ended == 5.0
+
+    def test_chain_and_name_are_the_same_in_every_process(self) -> None:
+        """The index outlives slotwise: a restarted process (another str hash seed) must find
+        the same chains and names."""
+        code = ("from proxy.estimate import block_hashes; from proxy.keep.values import file_name; "
+                "c = tuple(block_hashes(list(range(1000)))); print(c[-1], file_name(c, '[1]'))")
+        out = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in "12"}
+        assert len(out) == 1
+
+
+class TestRule2Placement:
+    def test_the_idle_slot_holding_prompt_and_generation_is_its_slot(self) -> None:
+        s = store()
+        name = ended(s, 1000, generated=10)
+        s.on_slots([slot(0, 300, 4), slot(1, 1009, 7)], 1.0, quiet=False)
+        conv = s.conversations[name]
+        assert (conv.slot, conv.task, conv.slot_tokens) == (1, 7, 1009)
+        assert s.where(conv) is Where.SLOT
+
+    def test_among_several_the_newest_task(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3), slot(1, 1005, 9)], 1.0, quiet=False)
+        assert s.conversations[name].slot == 1
+
+    def test_a_busy_slot_is_not_it_yet(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3, busy=True)], 1.0, quiet=False)
+        assert s.conversations[name].placing and s.conversations[name].slot is None
+        s.on_slots([slot(0, 1005, 3)], 2.0, quiet=False)
+        assert s.conversations[name].slot == 0
+
+    def test_a_slot_that_changed_lost_it(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=False)
+        s.on_slots([slot(0, 40, 8)], 2.0, quiet=False)
+        assert s.conversations[name].slot is None
+        assert s.where(s.conversations[name]) is Where.RAM
+
+    def test_one_not_found_in_time_left_its_slot(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 5, 3)], PLACE_WITHIN_S + 1, quiet=False)
+        s.on_slots([slot(0, 1005, 3)], PLACE_WITHIN_S + 2, quiet=False)
+        assert s.conversations[name].slot is None and not s.conversations[name].placing
+
+    def test_read_slots_takes_what_the_server_answers(self) -> None:
+        body = [{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True,
+                                                    "n_prompt_tokens": 12, "id_task": 4}]
+        assert read_slots(body) == [slot(0), slot(1, 12, 4, busy=True)]
+
+    def test_read_slots_refuses_what_is_not_slots(self) -> None:
+        for body in ({"id": 0}, [{"is_processing": False}]):
+            try:
+                read_slots(body)
+            except ValueError as exc:
+                assert "GET /slots" in str(exc)
+            else:
+                raise AssertionError(f"accepted {body!r}")
+
+
+class TestRule3Restart:
+    def test_a_task_that_went_back_means_a_restart(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 30)], 1.0, quiet=False)
+        assert s.on_slots([slot(0, 0, None)], 2.0, quiet=False) == [ForgetCache()]
+        assert name not in s.conversations
+
+    def test_a_saved_conversation_is_kept_in_its_file(self) -> None:
+        s = store()
+        save_one(s, 1000, task=30)
+        name = file_name(chain(1000), "")
+        assert s.on_slots([slot(0, 12, 2)], 300.0, quiet=False) == [ForgetCache()]
+        assert s.where(s.conversations[name]) is Where.FILE and name in s.files
+
+    def test_tasks_that_only_grow_are_no_restart(self) -> None:
+        s = store()
+        s.on_slots([slot(0, 10, 3)], 1.0, quiet=False)
+        assert s.on_slots([slot(0, 20, 8)], 2.0, quiet=False) == []
+
+
+class TestRule4Save:
+    def test_an_idle_conversation_in_its_idle_slot_is_saved(self) -> None:
+        s = store()
+        name = ended(s, 1000, at=0.0)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        assert saves(s.on_slots([slot(0, 1005, 3)], 99.0, quiet=True)) == []
+        assert saves(s.on_slots([slot(0, 1005, 3)], 100.0, quiet=True)) == [
+            SaveSlot(slot=0, name=name, tokens=1005)]
+
+    def test_a_busy_slot_is_never_saved(self) -> None:
+        s = store()
+        ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        assert saves(s.on_slots([slot(0, 1005, 3, busy=True)], 500.0, quiet=True)) == []
+        assert saves(s.on_slots([slot(0, 1005, 3)], 501.0, quiet=True)) == []  # it left
+
+    def test_nothing_is_saved_while_requests_are_in_flight(self) -> None:
+        s = store()
+        ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        assert saves(s.on_slots([slot(0, 1005, 3)], 500.0, quiet=False)) == []
+        assert len(saves(s.on_slots([slot(0, 1005, 3)], 501.0, quiet=True))) == 1
+
+    def test_one_save_at_a_time_the_longest_idle_first(self) -> None:
+        s = store()
+        older = ended(s, 1000, seed=1, at=0.0)
+        ended(s, 2000, seed=2, at=10.0)
+        s.on_slots([slot(0, 1005, 3), slot(1, 2005, 4)], 11.0, quiet=True)
+        [first] = saves(s.on_slots([slot(0, 1005, 3), slot(1, 2005, 4)], 200.0, quiet=True))
+        assert first.name == older
+        assert saves(s.on_slots([slot(0, 1005, 3), slot(1, 2005, 4)], 201.0, quiet=True)) == []
+
+    def test_a_failed_save_or_a_file_too_large_is_not_tried_again(self) -> None:
+        s = store()
+        ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        [save] = saves(s.on_slots([slot(0, 1005, 3)], 200.0, quiet=True))
+        s.on_save_failed(save)
+        assert saves(s.on_slots([slot(0, 1005, 3)], 300.0, quiet=True)) == []
+        s = store()
+        save_one(s, 1000, size=20_000)  # deleted at once by the budget
+        assert saves(s.on_slots([slot(0, 1009, 1)], 900.0, quiet=True)) == []
+
+    def test_a_conversation_a_file_holds_is_not_saved_again(self) -> None:
+        s = store()
+        save_one(s, 1000)
+        assert saves(s.on_slots([slot(0, 1009, 1)], 900.0, quiet=True)) == []
+
+
+class TestRule5Saved:
+    def test_a_save_that_proved_right_is_kept_under_its_name(self) -> None:
+        s = store()
+        name = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        [save] = saves(s.on_slots([slot(0, 1005, 3)], 200.0, quiet=True))
+        assert s.on_saved(save, 1005, 4000, 201.0) == [KeepFile(name + ".part", name)]
+        assert s.files[name].tokens == 1005 and s.files[name].model == MODEL
+        assert s.saving is None
+
+    def test_a_slot_that_changed_during_the_save_deletes_it(self) -> None:
+        s = store()
+        ended(s, 1000)
+        s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
+        [save] = saves(s.on_slots([slot(0, 1005, 3)], 200.0, quiet=True))
+        [delete] = s.on_saved(save, 3000, 9000, 201.0)
+        assert isinstance(delete, Delete) and delete.name == save.temp and s.files == {}
+
+    def test_a_longer_prefix_supersedes_the_older_file(self) -> None:
+        s = store()
+        save_one(s, 1000, seed=1, task=1)
+        old = file_name(chain(1000), "")
+        s.on_request_ended(chain(1600), "", 1600, 5, 300.0)  # the next turn, same conversation
+        s.on_slots([slot(0, 1604, 2)], 300.5, quiet=True)
+        [save] = saves(s.on_slots([slot(0, 1604, 2)], 500.0, quiet=True))
+        decisions = s.on_saved(save, 1604, 1500, 500.0)
+        assert names(decisions) == [old] and list(s.files) == [save.name]
+
+    def test_another_conversation_is_not_superseded(self) -> None:
+        s = store()
+        save_one(s, 1000, seed=1, task=1)
+        decisions = save_one(s, 1000, seed=2, task=5, at=300.0)
+        assert names(decisions) == [] and len(s.files) == 2
+
+
+class TestRule6Budget:
+    def test_least_recently_used_go_first_beyond_the_count(self) -> None:
+        files = [saved_file(1000, seed=i, at=float(i)) for i in range(7)]
+        deletes = over_budget(files, KNOBS, 10.0)
+        assert [d.name for d in deletes] == [files[0].name, files[1].name]
+
+    def test_beyond_the_size_and_fewer_restores_first_among_equals(self) -> None:
+        files = [saved_file(1000, seed=1, size=6000, uses=3), saved_file(1000, seed=2, size=6000)]
+        [delete] = over_budget(files, KNOBS, 10.0)
+        assert delete.name == files[1].name and "max_disk_gb" in delete.reason
+
+    def test_a_file_not_used_for_max_age_goes(self) -> None:
+        young, old = saved_file(1000, seed=1, at=500.0), saved_file(1000, seed=2, at=0.0)
+        assert [d.name for d in over_budget([young, old], KNOBS, 1200.0)] == [old.name]
+
+    def test_a_restore_renews_a_file(self) -> None:
+        s = with_files(saved_file(1000, seed=1, at=0.0), saved_file(1000, seed=2, at=10.0))
+        restore = s.restore(chain(1100, seed=1), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        s.on_restored(restore, 1000, None, 900.0)
+        assert names(s.budget(1050.0)) == [saved_file(1000, seed=2).name]
+
+    def test_a_file_larger_than_the_budget_goes_at_once(self) -> None:
+        s = store()
+        decisions = save_one(s, 1000, size=20_000)
+        assert isinstance(decisions[0], KeepFile) and names(decisions) == [decisions[0].name]
+
+    def test_a_file_being_restored_stays(self) -> None:
+        files = [saved_file(1000, seed=i, at=float(i)) for i in range(6)]
+        assert over_budget(files, KNOBS, 10.0, protected={files[0].name})[0].name == files[1].name
+
+
+class TestRule7Restore:
+    def test_a_prompt_a_file_holds_is_restored_into_an_empty_slot_first(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 500, 9), slot(1, 0, 2)])
+        assert restore == RestoreInto(slot=1, name=f.name, covered=1024)
+
+    def test_then_a_slot_whose_conversation_is_saved_then_the_oldest_task(self) -> None:
+        s = store()
+        save_one(s, 1000, seed=2, slot_id=1, task=50)
+        s.load([*s.files.values(), saved_file(1024)], {**{n: 1 for n in s.files},
+                                                        saved_file(1024).name: 1}, 300.0)
+        busy_free = [slot(0, 400, 7), slot(1, 1009, 50), slot(2, 300, 3)]
+        assert s.restore(chain(1100), "", 1100, 0, busy_free) == RestoreInto(1, saved_file(1024).name, 1024)
+        s = with_files(saved_file(1024))
+        assert s.restore(chain(1100), "", 1100, 0, [slot(0, 400, 7), slot(2, 300, 3)]).slot == 2  # type: ignore[union-attr]
+
+    def test_never_a_busy_slot_and_none_without_an_idle_one(self) -> None:
+        s = with_files(saved_file(1024))
+        assert s.restore(chain(1100), "", 1100, 0, [slot(0, 0, None, busy=True)]) is None
+
+    def test_not_when_the_cache_holds_it_or_the_file_holds_little_of_it(self) -> None:
+        s = with_files(saved_file(1024))
+        assert s.candidate(chain(1100), "", 1100, cached=900) is None  # spares < min_tokens
+        assert s.candidate(chain(3000), "", 3000, cached=0) is None  # < half of the prompt
+        assert s.candidate(chain(1100, seed=2), "", 1100, cached=0) is None  # another conversation
+
+    def test_not_under_other_lora_settings_or_another_model(self) -> None:
+        s = with_files(saved_file(1024))
+        assert s.candidate(chain(1100), '[{"id":0,"scale":1}]', 1100, 0) is None
+        s = KeepStore(KNOBS)  # model not known yet
+        s.load([saved_file(1024)], {saved_file(1024).name: 1000}, 0.0)
+        assert s.candidate(chain(1100), "", 1100, 0) is None
+
+    def test_two_restores_never_share_a_slot(self) -> None:
+        s = with_files(saved_file(1024, seed=1), saved_file(1024, seed=2))
+        first = s.restore(chain(1100, seed=1), "", 1100, 0, [slot(0), slot(1)])
+        second = s.restore(chain(1100, seed=2), "", 1100, 0, [slot(0), slot(1)])
+        assert first is not None and second is not None and first.slot != second.slot
+        assert s.restore(chain(1100, seed=1), "", 1100, 0, [slot(0), slot(1)]) is None
+
+
+class TestRule8Restored:
+    def test_a_restore_puts_its_conversation_in_the_slot(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 0, 4)])
+        assert restore is not None
+        s.on_restored(restore, 1030, 4, 50.0)
+        conv = s.conversations[f.name]
+        assert (conv.slot, conv.slot_tokens) == (0, 1030) and s.files[f.name].uses == 1
+        assert s.restoring == {}
+
+    def test_the_conversation_there_before_left_it(self) -> None:
+        s = store()
+        save_one(s, 1000, seed=2, slot_id=0, task=5)
+        other = file_name(chain(1000, seed=2), "")
+        s.load([*s.files.values(), saved_file(1024)],
+               {**{n: 1 for n in s.files}, saved_file(1024).name: 1}, 300.0)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 1009, 5)])
+        assert restore is not None
+        s.on_restored(restore, 1024, 5, 301.0)
+        assert s.conversations[other].slot is None
+
+    def test_a_refused_restore_deletes_the_file_one_without_answer_keeps_it(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        assert s.on_restore_failed(restore, refused=False) == [] and f.name in s.files
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        assert names(s.on_restore_failed(restore, refused=True)) == [f.name] and s.files == {}
+
+
+class TestRule9Model:
+    def test_files_of_another_model_are_deleted(self) -> None:
+        s = KeepStore(KNOBS)
+        mine, theirs = saved_file(1024, seed=1), saved_file(1024, seed=2, model="/other.gguf")
+        s.load([mine, theirs], {mine.name: 1, theirs.name: 1}, 0.0)
+        assert names(s.set_model(MODEL)) == [theirs.name] and list(s.files) == [mine.name]
+
+
+class TestRule10Start:
+    def test_orphans_are_deleted_and_missing_files_forgotten(self) -> None:
+        s = KeepStore(KNOBS)
+        listed, missing = saved_file(1024, seed=1), saved_file(1024, seed=2)
+        decisions = s.load([listed, missing], {listed.name: 777, "slotwise-abc.kv.part": 5}, 0.0)
+        assert names(decisions) == ["slotwise-abc.kv.part"]
+        assert list(s.files) == [listed.name] and s.files[listed.name].size == 777
+
+    def test_the_budget_runs_at_start(self) -> None:
+        files = [saved_file(1024, seed=i, at=float(i)) for i in range(7)]
+        s = KeepStore(KNOBS)
+        assert len(names(s.load(files, {f.name: f.size for f in files}, 10.0))) == 2
+
+    def test_conversations_remembered_are_bounded(self) -> None:
+        s = store()
+        for i in range(MAX_CONVERSATIONS + 3):
+            ended(s, 300, seed=i + 1, at=float(i))
+        assert len(s.conversations) == MAX_CONVERSATIONS

@@ -1,0 +1,333 @@
+"""The warm-up queue, rule by rule: each test class is one numbered rule of `WarmQueue`.
+
+Hand-made warm-ups (token ids are plain numbers), a fixed piece size and a plain-number clock; no
+server, no event loop.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.prefill.sizing import pause_s
+from proxy.warm.queue import KEEP_ENDED, MIN_TOKENS, WarmQueue
+from proxy.warm.values import (
+    CancelPiece,
+    Decision,
+    Ended,
+    Feed,
+    Knobs,
+    Load,
+    Outcome,
+    WarmRefused,
+    WarmUp,
+)
+
+KNOBS = Knobs(max_pending=3, max_tokens=10_000, expire_s=100.0, max_per_client=2, prefill_share=0.5)
+IDLE = Load()
+BUSY = Load(busy=True, decoders=3)
+
+
+class Pieces:
+    """A Sizer: `idle` tokens when nobody generates, `busy` tokens otherwise."""
+
+    def __init__(self, idle: int = 512, busy: int = 128) -> None:
+        self.idle, self.busy = idle, busy
+        self.asked: list[tuple[int, int, int | None, Load]] = []
+
+    def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
+        self.asked.append((done, remaining, largest, load))
+        return self.busy if load.busy else self.idle
+
+
+def conv(n: int, seed: int = 1, start: int = 0) -> list[int]:
+    """A conversation's prompt ids: distinct per seed, `start` shared ids first."""
+    return list(range(start)) + [seed * 100_000 + i for i in range(n - start)]
+
+
+def warm(warm_id: str, ids: list[int], *, cached: int = 0, at: float = 0.0,
+         client: str | None = None) -> WarmUp:
+    return WarmUp(id=warm_id, client=client, ids=ids, cached=cached, submitted=at)
+
+
+def ended(decisions: list[Decision]) -> list[str]:
+    return [d.warm_id for d in decisions if isinstance(d, Ended)]
+
+
+def feed(q: WarmQueue, load: Load = IDLE, now: float = 0.0, sizer: Pieces | None = None) -> Feed:
+    [decision] = q.on_tick(load, sizer or Pieces(), KNOBS, now)
+    assert isinstance(decision, Feed)
+    return decision
+
+
+def run_piece(q: WarmQueue, warm_id: str, *, batch_ms: float = 100.0, now: float = 1.0,
+              load: Load = IDLE) -> list[Decision]:
+    w = q.warmups[warm_id]
+    assert w.piece_upto is not None
+    return q.on_piece_done(warm_id, w.piece_upto - w.done_upto, batch_ms, KNOBS, now)
+
+
+class TestRule1AlreadyCachedCostsNothing:
+    def test_a_prefix_the_server_holds_ends_done_with_no_piece(self) -> None:
+        q = WarmQueue()
+        decisions = q.submit(warm("w", conv(3000), cached=3000 - MIN_TOKENS + 1), KNOBS, 0.0)
+        assert ended(decisions) == ["w"]
+        w = q.warmups["w"]
+        assert w.outcome is Outcome.DONE and w.pieces == 0 and "already cached" in w.reason
+        assert q.on_tick(IDLE, Pieces(), KNOBS, 1.0) == []
+
+    def test_one_with_a_block_to_compute_is_queued(self) -> None:
+        q = WarmQueue()
+        assert q.submit(warm("w", conv(3000), cached=3000 - MIN_TOKENS), KNOBS, 0.0) == []
+        assert q.warmups["w"].state == "pending"
+
+
+class TestRule2SameConversationSupersedes:
+    def test_a_longer_prefix_of_the_same_conversation_replaces_the_pending_one(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("old", conv(2000)), KNOBS, 0.0)
+        assert ended(q.submit(warm("new", conv(2500)), KNOBS, 1.0)) == ["old"]
+        assert q.warmups["old"].outcome is Outcome.SUPERSEDED
+        assert "new" in q.warmups["old"].reason
+
+    def test_the_running_one_ends_after_its_piece(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("old", conv(2000)), KNOBS, 0.0)
+        feed(q)
+        assert q.submit(warm("new", conv(2500)), KNOBS, 1.0) == []
+        assert q.on_tick(IDLE, Pieces(), KNOBS, 1.0) == []  # the new one waits for that piece
+        assert ended(run_piece(q, "old")) == ["old"]
+        assert q.warmups["old"].outcome is Outcome.SUPERSEDED
+        assert feed(q, now=2.0).warm_id == "new"
+
+    def test_another_conversation_sharing_a_system_prompt_does_not(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("a", conv(2000, seed=1, start=300)), KNOBS, 0.0)
+        assert q.submit(warm("b", conv(2000, seed=2, start=300)), KNOBS, 0.0) == []
+        assert [w.id for w in q.active()] == ["a", "b"]
+
+
+class TestRule3Bounds:
+    def test_one_more_than_max_pending_is_refused(self) -> None:
+        q = WarmQueue()
+        for i in range(KNOBS.max_pending):
+            q.submit(warm(f"w{i}", conv(1000, seed=i + 1)), KNOBS, 0.0)
+        with pytest.raises(WarmRefused, match=r"warm\.max_pending = 3"):
+            q.submit(warm("late", conv(1000, seed=9)), KNOBS, 0.0)
+        assert "late" not in q.warmups
+
+    def test_one_that_supersedes_takes_the_place_it_frees(self) -> None:
+        q = WarmQueue()
+        for i in range(KNOBS.max_pending):
+            q.submit(warm(f"w{i}", conv(1000, seed=i + 1)), KNOBS, 0.0)
+        assert ended(q.submit(warm("again", conv(1200, seed=1)), KNOBS, 1.0)) == ["w0"]
+
+    def test_a_named_client_gets_max_per_client(self) -> None:
+        q = WarmQueue()
+        for i in range(KNOBS.max_per_client):
+            q.submit(warm(f"w{i}", conv(1000, seed=i + 1), client="ann"), KNOBS, 0.0)
+        with pytest.raises(WarmRefused, match=r"client .ann.*warm\.max_per_client = 2"):
+            q.submit(warm("w9", conv(1000, seed=9), client="ann"), KNOBS, 0.0)
+        q.submit(warm("bob", conv(1000, seed=8), client="bob"), KNOBS, 0.0)  # others still may
+
+    def test_one_ending_after_its_piece_does_not_count(self) -> None:
+        q = WarmQueue()
+        knobs = Knobs(max_pending=1, max_tokens=10_000, expire_s=100.0, max_per_client=1)
+        q.submit(warm("old", conv(2000), client="ann"), knobs, 0.0)
+        feed(q)
+        q.submit(warm("new", conv(2500), client="ann"), knobs, 1.0)  # old ends after its piece
+        with pytest.raises(WarmRefused):
+            q.submit(warm("third", conv(900, seed=3), client="bob"), knobs, 1.0)
+
+    def test_a_prefix_longer_than_max_tokens_is_cut_and_says_so(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(20_000), cached=500), KNOBS, 0.0)
+        w = q.warmups["w"]
+        assert w.capped and len(w.ids) == 500 + KNOBS.max_tokens and w.to_compute == KNOBS.max_tokens
+
+
+class TestRule4OneAtATimeFewestTokensFirst:
+    def test_the_smallest_pending_one_goes_first_then_the_oldest(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("big", conv(5000, seed=1)), KNOBS, 0.0)
+        q.submit(warm("small", conv(1000, seed=2)), KNOBS, 1.0)
+        q.submit(warm("small2", conv(1000, seed=3)), KNOBS, 2.0)
+        assert feed(q, now=3.0).warm_id == "small"
+
+    def test_the_running_one_goes_on_to_its_end(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("big", conv(1500, seed=1)), KNOBS, 0.0)
+        assert feed(q).upto == 512
+        run_piece(q, "big")
+        q.submit(warm("small", conv(500, seed=2)), KNOBS, 1.0)
+        assert feed(q, now=1.0) == Feed("big", 1024)
+        run_piece(q, "big", now=2.0)
+        assert feed(q, now=2.0) == Feed("big", 1500)  # the rest fits one piece: all of it
+        assert ended(run_piece(q, "big", now=3.0)) == ["big"]
+        assert q.warmups["big"].outcome is Outcome.DONE
+        assert feed(q, now=3.0).warm_id == "small"
+
+    def test_pieces_start_after_the_cached_part(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000), cached=1000), KNOBS, 0.0)
+        sizer = Pieces()
+        assert feed(q, sizer=sizer).upto == 1472  # 1000 + 512, cut to a multiple of 64 as chunk does
+        assert sizer.asked[0][:3] == (1000, 2000, None)
+
+
+class TestRule5LowestPriority:
+    @pytest.mark.parametrize("load", [Load(cold_held=True), Load(prefilling=True),
+                                      Load(cold_held=True, busy=True, decoders=2)])
+    def test_no_piece_while_a_real_prompt_is_held_fed_or_computed(self, load: Load) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        assert q.on_tick(load, Pieces(), KNOBS, 10.0) == []
+        assert feed(q, now=11.0).upto == 512  # once it is over
+
+    def test_a_held_cold_request_stops_a_running_warm_up_between_pieces(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        feed(q)
+        run_piece(q, "w")
+        assert q.on_tick(Load(cold_held=True, busy=True), Pieces(), KNOBS, 50.0) == []
+        assert q.warmups["w"].state == "running" and q.warmups["w"].done_upto == 512
+
+
+class TestRule6SharePauseAndSizes:
+    def test_while_others_generate_a_pause_follows_each_piece(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        assert feed(q, load=BUSY).upto == 128
+        run_piece(q, "w", batch_ms=200.0, now=1.0, load=BUSY)
+        pause = pause_s(0.2, KNOBS.prefill_share)
+        assert pause == pytest.approx(0.2)
+        assert q.on_tick(BUSY, Pieces(), KNOBS, 1.0 + pause - 0.01) == []
+        assert q.next_wakeup(BUSY, KNOBS, 1.0) == pytest.approx(1.0 + pause)
+        assert feed(q, load=BUSY, now=1.0 + pause).upto == 256
+
+    def test_on_an_idle_server_pieces_go_back_to_back_and_larger(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        feed(q)
+        run_piece(q, "w", batch_ms=600.0, now=1.0)
+        assert feed(q, now=1.0).upto == 1024
+
+    def test_the_sizer_hears_the_largest_piece_so_far(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        sizer = Pieces()
+        feed(q, sizer=sizer)
+        run_piece(q, "w")
+        feed(q, now=1.0, sizer=sizer)
+        assert [a[2] for a in sizer.asked] == [None, 512]
+
+
+class TestRule7ARealRequestOfTheSameConversation:
+    def test_it_ends_a_pending_warm_up_at_once(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        decisions, wait = q.claim([*conv(3000), 7, 8, 9], 1.0)
+        assert ended(decisions) == ["w"] and wait == []
+        assert q.warmups["w"].outcome is Outcome.SUPERSEDED
+        assert q.credit([*conv(3000), 7, 8, 9]).tokens == 0  # it computed nothing
+
+    def test_it_waits_for_the_piece_in_flight_and_is_credited_with_what_was_computed(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000), cached=200), KNOBS, 0.0)
+        feed(q)
+        run_piece(q, "w")
+        feed(q, now=1.0)
+        turn = [*conv(3000), 7, 8, 9]
+        decisions, wait = q.claim(turn, 1.5)
+        assert decisions == [] and wait == ["w"]
+        assert q.on_tick(IDLE, Pieces(), KNOBS, 1.6) == []  # no further piece
+        assert ended(run_piece(q, "w", now=2.0)) == ["w"]
+        w = q.warmups["w"]
+        credit = q.credit(turn)
+        assert credit.tokens == w.done_upto - 200 == w.computed and credit.warm_ids == ("w",)
+        assert q.credit(turn).tokens == 0  # each warm-up is credited once
+
+    def test_a_finished_warm_up_is_credited_to_the_turn_that_comes_later(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(500)), KNOBS, 0.0)
+        feed(q)
+        run_piece(q, "w")
+        assert q.warmups["w"].outcome is Outcome.DONE
+        decisions, wait = q.claim([*conv(500), 1, 2], 5.0)
+        assert decisions == [] and wait == []
+        assert q.credit([*conv(500), 1, 2]).tokens == 500
+
+    def test_another_conversation_neither_ends_nor_is_credited(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000, seed=1, start=300)), KNOBS, 0.0)
+        decisions, wait = q.claim(conv(3000, seed=2, start=300), 1.0)
+        assert decisions == [] and wait == [] and q.warmups["w"].state == "pending"
+        assert q.credit(conv(3000, seed=2, start=300)).tokens == 0
+
+    def test_nothing_to_claim_once_every_warm_up_is_credited_or_computed_nothing(self) -> None:
+        q = WarmQueue()
+        assert not q.claimable()
+        q.submit(warm("w", conv(500)), KNOBS, 0.0)
+        assert q.claimable()
+        feed(q)
+        run_piece(q, "w")
+        assert q.claimable()
+        q.credit([*conv(500), 1])
+        assert not q.claimable()
+
+
+class TestRule8Expiry:
+    def test_a_pending_warm_up_expires(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        assert q.next_wakeup(Load(cold_held=True), KNOBS, 1.0) == KNOBS.expire_s
+        decisions = q.on_tick(Load(cold_held=True), Pieces(), KNOBS, KNOBS.expire_s)
+        assert ended(decisions) == ["w"]
+        assert q.warmups["w"].outcome is Outcome.EXPIRED and "warm.expire_s" in q.warmups["w"].reason
+
+    def test_a_running_one_expires_after_its_piece(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        feed(q, now=99.0)
+        assert q.on_tick(IDLE, Pieces(), KNOBS, 100.0) == []
+        assert ended(run_piece(q, "w", now=100.5)) == ["w"]
+        assert q.warmups["w"].outcome is Outcome.EXPIRED and q.warmups["w"].computed == 512
+
+    def test_an_ended_one_is_forgotten_expire_s_after_its_end(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(500)), KNOBS, 0.0)
+        feed(q)
+        run_piece(q, "w", now=1.0)
+        q.on_tick(IDLE, Pieces(), KNOBS, 100.0)
+        assert "w" in q.warmups
+        q.on_tick(IDLE, Pieces(), KNOBS, 101.0)
+        assert "w" not in q.warmups and not q.claimable()
+
+    def test_at_most_keep_ended_are_kept(self) -> None:
+        q = WarmQueue()
+        for i in range(KEEP_ENDED + 5):
+            q.submit(warm(f"w{i}", conv(100, seed=i + 1), cached=100), KNOBS, float(i))
+        q.on_tick(IDLE, Pieces(), KNOBS, KEEP_ENDED + 5.0)
+        assert len(q.warmups) == KEEP_ENDED and "w0" not in q.warmups
+
+
+class TestRule9CancelAndFailure:
+    def test_cancel_ends_it_at_once_and_cancels_its_piece(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        feed(q)
+        assert q.cancel("w", 0.5) == [CancelPiece("w"), Ended("w")]
+        assert q.warmups["w"].outcome is Outcome.CANCELLED
+        assert q.on_piece_done("w", 512, 100.0, KNOBS, 1.0) == []  # a late answer changes nothing
+        assert q.cancel("w", 2.0) == []
+
+    def test_cancel_of_an_unknown_id_raises(self) -> None:
+        with pytest.raises(KeyError):
+            WarmQueue().cancel("nope", 0.0)
+
+    def test_a_failed_piece_ends_it_failed(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), KNOBS, 0.0)
+        feed(q)
+        assert ended(q.on_piece_failed("w", "HTTP 500", 1.0)) == ["w"]
+        assert q.warmups["w"].outcome is Outcome.FAILED and "HTTP 500" in q.warmups["w"].reason
+
