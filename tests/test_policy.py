@@ -335,6 +335,11 @@ class TestRule9CostLearning:
         p.on_piece_done("c", 512, 200.0, 1.2)
         assert p.on_tick(2.0) == [FeedPiece("c", 768 + 640)]
 
+    def test_learns_from_a_warm_up_piece_too(self) -> None:
+        p = policy(tps=1000.0)
+        p.observe_piece(256, 1000, 100.0)
+        assert p.snapshot().cost.samples == 1 and p.snapshot().in_flight == ()
+
     def test_learns_from_finished_prefills_of_256_tokens_or_more(self) -> None:
         p = policy(tps=1000.0)
         busy(p)

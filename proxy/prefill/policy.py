@@ -21,17 +21,10 @@ from proxy.prefill.events import (
     Reject,
 )
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.sizing import PIECE_ALIGN, next_upto, pause_s
+from proxy.prefill.pacing import idle_piece, pieces_share
+from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import (
-    RAMP,
-    ChunkKnobs,
-    PieceChoice,
-    Situation,
-    Strategy,
-    choose_piece,
-    piece_sizes,
-)
+from proxy.prefill.strategy import ChunkKnobs, PieceChoice, Situation, Strategy, choose_piece
 from proxy.record.flight import Phase
 
 LEARN_MIN_TOKENS = 256
@@ -39,10 +32,6 @@ LEARN_MIN_TOKENS = 256
 turns are left out: their prompt time is mostly per-request work, and with one shared KV they attend
 over other slots' cells the model does not see, so they read as a much cheaper machine than the
 one a piece meets (seen: pieces predicted at 85 ms that took 240)."""
-IDLE_WHOLE = 4.0
-"""Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
-IDLE_STALL = 4.0
-"""Rule 7: otherwise its pieces fill up to this × `max_stall_ms`, back to back."""
 SENT_GRACE_S = 0.5
 """Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
 only once it starts); the next piece waits for it this long at most, since a non-streamed request
@@ -151,6 +140,11 @@ class PrefillPolicy:
         held.largest_piece = max(held.largest_piece or 0, tokens)
         held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._share(held, now))
         return self._advance(now)
+
+    def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
+        """A piece fed for something else than a held request (a warm-up) teaches the batch cost
+        too (rule 9); nothing else changes."""
+        self._cost.observe_piece(tokens, ctx, elapsed_ms, self._decoders())
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
         held = self._held
@@ -287,35 +281,15 @@ class PrefillPolicy:
         return [FeedPiece(req_id, held.piece_upto)]
 
     def _idle(self, held: HeldRequest, rest: int, now: float) -> list[Decision]:
-        """Rule 7: nobody generates. The rest goes whole if it is short; else it is fed in pieces
-        of up to IDLE_STALL × `max_stall_ms` back to back, so somebody who comes back meanwhile (a
-        chat user's next turn) waits for one piece, not for the whole rest."""
-        cost = self._cost.cost
-        if cost.prompt_ms(rest, held.done_upto, self._n_batch) <= IDLE_WHOLE * self._cfg.max_stall_ms:
+        """Rule 7: nobody generates: the rest whole if it is short, else an idle piece."""
+        piece = idle_piece(self._cost.cost, self._cfg, self._n_batch, held, rest)
+        if piece is None:
             return self._release(held.release("nobody generating"), now)
-        cap = min(self._n_batch, RAMP * held.largest_piece if held.largest_piece else self._n_batch)
-        budget = IDLE_STALL * self._cfg.max_stall_ms
-        fits = [n for n in piece_sizes(cap) if cost.batch_ms(n, held.done_upto) <= budget]
-        held.piece_upto = next_upto(held.done_upto, max(fits, default=PIECE_ALIGN))
+        held.piece_upto = next_upto(held.done_upto, piece)
         return [FeedPiece(held.req.req_id, held.piece_upto)]
 
     def _share(self, held: HeldRequest, now: float) -> float:
-        """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request
-        would otherwise take longer than `max_cold_factor` × its time alone (as the batch cost
-        predicts it): the pauses shrink to what keeps it within that."""
-        factor = self._cfg.max_cold_factor
-        if factor <= 0:
-            return self._cfg.prefill_share
-        cost, req = self._cost.cost, held.req
-        cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-        alone_ms = cost.prompt_ms(req.est_new_tokens, cached, self._n_batch)
-        rest = req.est_prompt_tokens - held.done_upto
-        piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
-        rest_ms = cost.prompt_ms(rest, held.done_upto, piece, self._decoders())
-        left_ms = factor * alone_ms - (now - req.now) * 1000.0
-        if left_ms <= rest_ms:
-            return 1.0
-        return min(1.0, max(self._cfg.prefill_share, rest_ms / left_ms))
+        return pieces_share(self._cost.cost, self._cfg, self._n_batch, held, self._decoders(), now)
 
     def _decoders(self, besides: str | None = None) -> int:
         """Requests decoding now (their tokens share every batch)."""

@@ -9,7 +9,9 @@ so a large event that arrives in many pieces costs time in proportion to its siz
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 # An event ends at the first blank line: two line ends in a row, each LF, CRLF or CR.
 _EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
@@ -41,7 +43,7 @@ class SseParser:
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._buffer = bytearray()
         self._resume = 0  # no event end starts before this offset of the buffer
-        self._max = max_event_bytes
+        self._max = max_event_bytes if max_event_bytes is not None else sys.maxsize
 
     @property
     def pending(self) -> bytes:
@@ -60,22 +62,27 @@ class SseParser:
         limit = len(buffer) - 1 if buffer.endswith(b"\r") else len(buffer)
         while (match := _EVENT_END.search(buffer, pos, limit)) is not None:
             end = match.end()
-            self._check(end - start, events)
-            events.append(_parse_event(bytes(buffer[start:end]), bytes(buffer[start:match.start()])))
+            if end - start > self._max:
+                self._fail(events)
+            if buffer is chunk:
+                events.append(_parse_event(chunk[start:end], chunk[start:match.start()]))
+            else:
+                events.append(_parse_event(bytes(pending[start:end]),
+                                           bytes(pending[start:match.start()])))
             start = pos = end
         if buffer is pending:
             del pending[:start]
         else:
             pending += chunk[start:]
-        self._check(len(pending), events)
+        if len(pending) > self._max:
+            self._fail(events)
         self._resume = max(0, limit - start - (_LONGEST_END - 1))
         return events
 
-    def _check(self, size: int, events: list[SseEvent]) -> None:
-        if self._max is not None and size > self._max:
-            self._buffer.clear()
-            self._resume = 0
-            raise EventTooLarge(self._max, events)
+    def _fail(self, events: list[SseEvent]) -> NoReturn:
+        self._buffer.clear()
+        self._resume = 0
+        raise EventTooLarge(self._max, events)
 
 
 def _parse_event(raw: bytes, body: bytes) -> SseEvent:

@@ -45,17 +45,12 @@ def install(app: web.Application) -> None:
     install_routes(app)
 
 
-PIECE_KEY = "warm-piece"
-"""The name a warm piece is told to the prefill policy by: never one of its requests."""
-
-
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state, gate = app[STATE], app[GATE]
 
     def teach(prompt_n: int, cache_n: int, prompt_ms: float) -> None:
-        """A piece is a finished prefill like any other: the batch cost learns from it (the
-        policy's rule 9); it was never in flight for the policy, so nothing else changes."""
-        gate.policy.on_finished(PIECE_KEY, state.clock(), prompt_n, prompt_ms, cache_n=cache_n)
+        """A warm piece is a batch like a cold prompt's: the batch cost learns from it."""
+        gate.policy.observe_piece(prompt_n, cache_n, prompt_ms)
 
     warmer = Warmer(state, gate.snapshot, app[ESTIMATOR], PieceFeeder(state.upstream), teach)
     app[WARMER] = warmer

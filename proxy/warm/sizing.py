@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.pacing import IDLE_STALL
 from proxy.prefill.strategy import ChunkKnobs, Situation, fitting_piece
 from proxy.warm.values import Load
-
-IDLE_STALL = 4.0
-"""On an idle server a piece's batch is predicted within this × `prefill.max_stall_ms`."""
 
 
 @dataclass(frozen=True)

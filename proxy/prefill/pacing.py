@@ -1,0 +1,51 @@
+"""How fast the held cold request is fed, beside the piece size the strategy chooses: the share of time
+its pieces get (rule 6, under `max_cold_factor`) and what happens when nobody generates (rule 7).
+
+Pure functions of the fitted batch cost, the config and the held request; the policy calls them.
+"""
+
+from __future__ import annotations
+
+from proxy.config import PrefillConfig
+from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.held import HeldRequest
+from proxy.prefill.sizing import PIECE_ALIGN
+from proxy.prefill.strategy import RAMP, piece_sizes
+
+IDLE_WHOLE = 4.0
+"""Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
+IDLE_STALL = 4.0
+"""Rule 7: otherwise its pieces fill up to this × `max_stall_ms`, back to back."""
+
+
+def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
+               rest: int) -> int | None:
+    """Rule 7: nobody generates. None: the rest is short, forward it whole; else the next piece,
+    up to IDLE_STALL × `max_stall_ms` (back to back, so somebody who comes back meanwhile, a chat
+    user's next turn, waits for one piece, not for the whole rest)."""
+    if cost.prompt_ms(rest, held.done_upto, n_batch) <= IDLE_WHOLE * cfg.max_stall_ms:
+        return None
+    cap = min(n_batch, RAMP * held.largest_piece if held.largest_piece else n_batch)
+    budget = IDLE_STALL * cfg.max_stall_ms
+    fits = [n for n in piece_sizes(cap) if cost.batch_ms(n, held.done_upto) <= budget]
+    return max(fits, default=PIECE_ALIGN)
+
+
+def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
+                 decoders: int, now: float) -> float:
+    """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request would
+    otherwise take longer than `max_cold_factor` × its time alone (as the batch cost predicts it):
+    the pauses shrink to what keeps it within that, down to none."""
+    factor = cfg.max_cold_factor
+    if factor <= 0:
+        return cfg.prefill_share
+    req = held.req
+    cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
+    alone_ms = cost.prompt_ms(req.est_new_tokens, cached, n_batch)
+    rest = req.est_prompt_tokens - held.done_upto
+    piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
+    rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders)
+    left_ms = factor * alone_ms - (now - req.now) * 1000.0
+    if left_ms <= rest_ms:
+        return 1.0
+    return min(1.0, max(cfg.prefill_share, rest_ms / left_ms))
