@@ -275,6 +275,22 @@ class TestRule6ColdBudget:
         # held up (short turns, a slow server): 4,488 tokens and 2.5 s left, the next at once
         assert p.on_piece_done("c", 256, 256.0, 10.0) == [FeedPiece("c", 768)]
 
+    def test_behind_its_budget_it_stops_yielding_to_others_prompts(self) -> None:
+        """Rule 8 lets short prompts go first; chat users whose turns come one after another would
+        starve the cold request. Once it is behind `max_cold_factor`, it goes anyway."""
+        p = policy(prefill_share=0.5, max_cold_factor=2.5)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_piece_done("c", 256, 256.0, 0.3)
+        p.on_arrival("x", 100, 100, 0.4)
+        p.on_prefill_started("x", 0.4)  # a short prompt being computed: the next piece waits
+        assert p.on_tick(1.0) == [] and p.next_wakeup() is None
+        p.on_first_token("x", 1.1)  # (its first token moves the plan on)
+        p.on_tick(1.2)  # the second piece
+        p.on_arrival("y", 100, 100, 9.9)
+        p.on_prefill_started("y", 9.9)  # another short prompt being computed, and a long hold-up:
+        assert p.on_piece_done("c", 256, 256.0, 10.0) == [FeedPiece("c", 768)]  # behind: it goes
+
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
         busy(p)

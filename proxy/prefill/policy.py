@@ -69,7 +69,9 @@ class PrefillPolicy:
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
         is unchanged: the next piece still waits for its pause, and also while any other request
         is computing its prompt (PREFILLING) or was sent less than SENT_GRACE_S ago and has not
-        started it yet, so that short prompts go between pieces, not into a piece's batch.
+        started it yet, so that short prompts go between pieces, not into a piece's batch; unless
+        the cold request has fallen behind `max_cold_factor` (rule 6's share is 1): then it no
+        longer yields (chat users whose turns come one after another would starve it).
      9. The batch cost (batch_cost.py) is learned from every piece (its time at its prefix, with the
         streams decoding beside it) and every finished request's prefill (prompt_n after cache_n
         in prompt_ms, if >= LEARN_MIN_TOKENS); it starts at a conservative prior.
@@ -138,7 +140,9 @@ class PrefillPolicy:
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, self._share(held, now))
+        share = self._share(held, now)
+        held.behind = share >= 1.0
+        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, share)
         return self._advance(now)
 
     def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
@@ -193,6 +197,8 @@ class PrefillPolicy:
             return held.deadline
         if held.hold_until is not None:
             return held.hold_until
+        if held.behind:
+            return None if held.piece_upto is not None else held.next_piece_at
         if held.piece_upto is not None or self._others_prefilling():
             return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
         return max(held.next_piece_at, self._sent_grace_end())
@@ -275,7 +281,8 @@ class PrefillPolicy:
         if choice.strategy is Strategy.HOLD:
             held.hold_until = now + choice.hold_ms / 1000.0
             return []
-        if now < held.next_piece_at or self._others_prefilling() or now < self._sent_grace_end():
+        if now < held.next_piece_at or (not held.behind and (
+                self._others_prefilling() or now < self._sent_grace_end())):
             return []
         held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
         return [FeedPiece(req_id, held.piece_upto)]
