@@ -91,7 +91,10 @@ async def measure(cache_aware: str, hashed: str, node: str, pairs: int,
 
 def run(pairs: int, prompt_words: int, work_dir: Path | None = None) -> ClusterFigures:
     where = work_dir or temp_dir("slotwise-bench-cluster-")
-    with Cluster(2, where, policy="cache_aware") as cluster:
+    # each slot holds a conversation of `pairs` turns of `prompt_words` words (~5 tokens a word)
+    slot_ctx = max(2048, (prompt_words * 6 + 256) // 256 * 256 * 2)
+    with Cluster(2, where, policy="cache_aware",
+                 server_args=("-np", "4", "-c", str(4 * slot_ctx))) as cluster:
         cluster.add_router("consistent_hash")
         aware, hashed = cluster.routers[0].url, cluster.routers[1].url
         return asyncio.run(measure(aware, hashed, cluster.nodes[0].url, pairs, prompt_words))

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from proxy.bench.harness import temp_dir
 from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn, measure
-from proxy.bench.output import figures_table, positive_int, print_table
+from proxy.bench.output import figures_table, percent, positive_int, print_table, seconds
 from proxy.testbed.model import write_model
 
 FOUND = 0.95
@@ -75,15 +75,15 @@ def returning_table(f: KeepFigures, sc: KeepScenario, preset: str) -> Table:
                           f"restarted, {sc.decoders} others decoding (testbed {preset} model)")
     for column in ("figure", "restored", "recomputed", "aim"):
         table.add_column(column, justify="left" if column in ("figure", "aim") else "right")
-    table.add_row("time to first token", _s(_of(restored, "ttft_s")), _s(_of(cold, "ttft_s")),
+    table.add_row("time to first token", seconds(_of(restored, "ttft_s")), seconds(_of(cold, "ttft_s")),
                   "≤ 2 s restored (~35 s recomputed)")
     table.add_row("prompt tokens computed for it", _n(_of(restored, "computed")),
                   _n(_of(cold, "computed")), "the new message only")
     table.add_row("prompt tokens restored from a file", _n(_of(restored, "restored_tokens")),
                   "", "")
-    table.add_row("the others' longest gap meanwhile", _s(_of(restored, "decoder_gap_s")),
-                  _s(_of(cold, "decoder_gap_s")), "≤ one piece")
-    table.caption = f"the day before, that history took {_s(f.day_one_s)} to its first token (cold)"
+    table.add_row("the others' longest gap meanwhile", seconds(_of(restored, "decoder_gap_s")),
+                  seconds(_of(cold, "decoder_gap_s")), "≤ one piece")
+    table.caption = f"the day before, that history took {seconds(f.day_one_s)} to its first token (cold)"
     return table
 
 
@@ -97,7 +97,7 @@ def budget_table(f: KeepFigures, sc: KeepScenario) -> Table:
         keep = len(turns) if label == "all" else int(label)
         recent, older = turns[len(turns) - keep:], turns[:len(turns) - keep]
         table.add_row(f"{label} conversations", _found(turns), f"{_found(recent)} (N={keep})",
-                      _found(older), _pct(_median([t.cached_share for t in turns])),
+                      _found(older), percent(_median([t.cached_share for t in turns])),
                       "every turn" if label == "all" else f"the {keep} most recently used")
     return table
 
@@ -116,13 +116,7 @@ def _median(values: list[float | None]) -> float | None:
     return known[len(known) // 2] if known else None
 
 
-def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f} s"
-
 
 def _n(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.0f} %"

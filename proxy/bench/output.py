@@ -114,3 +114,13 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
+
+
+def seconds(value: float | None) -> str:
+    """A time in seconds for a table ("–" when it was not measured)."""
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def percent(share: float | None) -> str:
+    """A share (0-1) as a whole percentage for a table ("–" when it was not measured)."""
+    return "–" if share is None else f"{100 * share:.0f} %"

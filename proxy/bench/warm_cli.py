@@ -11,7 +11,7 @@ from rich.table import Table
 
 from proxy.bench.contention import SERVER_ARGS
 from proxy.bench.harness import temp_dir
-from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.output import figures_table, percent, positive_int, seconds, show
 from proxy.bench.warm import WarmFigures, WarmScenario, measure
 
 
@@ -50,24 +50,24 @@ def warm_table(f: WarmFigures, sc: WarmScenario) -> Table:
                           f"{sc.preset} model, one run)")
     for column in ("figure", "measured", "against", "aim"):
         table.add_column(column, justify="left" if column in ("figure", "aim") else "right")
-    table.add_row("turn after the history's time alone: TTFT", _s(f.warm_full_ttft_s),
-                  f"cached {_s(f.cached_ttft_s)} ({_ratio(f.warm_full_ttft_s, f.cached_ttft_s)})",
+    table.add_row("turn after the history's time alone: TTFT", seconds(f.warm_full_ttft_s),
+                  f"cached {seconds(f.cached_ttft_s)} ({_ratio(f.warm_full_ttft_s, f.cached_ttft_s)})",
                   "≤ 1.5× cached")
-    table.add_row("  the same against the cold turn", _s(f.warm_full_ttft_s),
-                  f"cold {_s(f.cold_ttft_s)} ({_ratio(f.warm_full_ttft_s, f.cold_ttft_s)})", "")
+    table.add_row("  the same against the cold turn", seconds(f.warm_full_ttft_s),
+                  f"cold {seconds(f.cold_ttft_s)} ({_ratio(f.warm_full_ttft_s, f.cold_ttft_s)})", "")
     table.add_row("  its prompt found cached / credited to warm-ups",
-                  _pct(f.warm_full_cached_share), f"{f.warm_full_warmed_tokens or 0:,} tokens", "")
-    table.add_row("turn after half that: TTFT", _s(f.warm_half_ttft_s),
-                  f"cold {_s(f.cold_ttft_s)} ({_ratio(f.warm_half_ttft_s, f.cold_ttft_s)})",
+                  percent(f.warm_full_cached_share), f"{f.warm_full_warmed_tokens or 0:,} tokens", "")
+    table.add_row("turn after half that: TTFT", seconds(f.warm_half_ttft_s),
+                  f"cold {seconds(f.cold_ttft_s)} ({_ratio(f.warm_half_ttft_s, f.cold_ttft_s)})",
                   "≤ 0.6× cold")
     for label, window in (("while a warm-up runs", f.during_warm),
                           ("while chunk feeds the cold turn", f.during_chunk)):
         table.add_row(f"streams' rate {label} (tok/s)", _n(window.rate),
                       f"alone {_n(f.streams_alone_rate)}", "≥ chunk's")
-        table.add_row(f"  longest gap, over {_s(window.seconds)}", _s(window.longest_gap_s), "",
+        table.add_row(f"  longest gap, over {seconds(window.seconds)}", seconds(window.longest_gap_s), "",
                       "≈ a piece")
-    table.add_row("short turn during the warm-up: TTFT", _s(f.short_during_warm_ttft_s),
-                  f"before it {_s(f.short_alone_ttft_s)}", "+ ≈ a piece")
+    table.add_row("short turn during the warm-up: TTFT", seconds(f.short_during_warm_ttft_s),
+                  f"before it {seconds(f.short_alone_ttft_s)}", "+ ≈ a piece")
     pieces = [r.get("pieces") or 0 for r in f.warm_records]
     table.caption = (f"warm-ups: {len(f.warm_records)}, outcomes "
                      f"{', '.join(str(r.get('outcome')) for r in f.warm_records)}; pieces "
@@ -75,16 +75,10 @@ def warm_table(f: WarmFigures, sc: WarmScenario) -> Table:
     return table
 
 
-def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f} s"
-
 
 def _n(value: float | None) -> str:
     return "–" if value is None else f"{value:,.1f}"
 
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.0f} %"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
