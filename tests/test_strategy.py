@@ -10,20 +10,17 @@ from typing import Any
 import pytest
 
 from proxy.prefill.batch_cost import PRIOR, BatchCost
-from proxy.prefill.strategy import (
+from proxy.prefill.outlook import (
     HOLD_COLD_FACTOR,
-    TARGET_TRADE,
-    TRADE_SLACK,
     ChunkKnobs,
     Situation,
-    Strategy,
-    choose_piece,
     fitting_piece,
     hold_outlook,
     off_outlook,
     piece_sizes,
     pieces_outlook,
 )
+from proxy.prefill.strategy import TARGET_TRADE, TRADE_SLACK, Strategy, choose_piece
 from tests.test_batch_cost import BUSY, CPU, GPU, fitted
 
 KNOBS = ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.55, max_hold_ms=30_000.0)

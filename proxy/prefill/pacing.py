@@ -9,8 +9,8 @@ from __future__ import annotations
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.held import HeldRequest
+from proxy.prefill.outlook import RAMP, piece_sizes
 from proxy.prefill.sizing import PIECE_ALIGN
-from proxy.prefill.strategy import RAMP, piece_sizes
 
 IDLE_WHOLE = 4.0
 """Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""

@@ -21,10 +21,11 @@ from proxy.prefill.events import (
     Reject,
 )
 from proxy.prefill.held import HeldRequest
+from proxy.prefill.outlook import ChunkKnobs, Situation
 from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import ChunkKnobs, PieceChoice, Situation, Strategy, choose_piece
+from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
 from proxy.record.flight import Phase
 
 LEARN_MIN_TOKENS = 256

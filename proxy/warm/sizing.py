@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.outlook import ChunkKnobs, Situation, fitting_piece
 from proxy.prefill.pacing import IDLE_STALL
-from proxy.prefill.strategy import ChunkKnobs, Situation, fitting_piece
 from proxy.warm.values import Load
 
 
