@@ -14,12 +14,15 @@ import pytest
 
 from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel, nonnegative_lstsq
 
-CPU = BatchCost(fixed_ms=15.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0)
-"""The testbed's CPU (docs/prefill.md, `bench pieces`): reading the prefix dominates; 64 tokens after
-a 3,000-token prefix take ~183 ms."""
+CPU = BatchCost(fixed_ms=10.0, per_token_ms=0.8, per_token_per_kctx_ms=0.31, per_decoder_ms=0.0,
+                per_kctx_ms=19.6)
+"""The testbed's CPU with one shared KV (`bench pieces --server-args "-np 4 -kvu"`, docs/prefill.md):
+reading the prefix dominates; 64 tokens after a 3,000-token prefix took 186 ms, 512 after 6,000
+1,629 ms."""
 GPU = BatchCost(fixed_ms=20.0, per_token_ms=0.02, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
 """A small batch costs about one decode step; a 2,048-token one ~61 ms."""
-BUSY = BatchCost(fixed_ms=1500.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0)
+BUSY = BatchCost(fixed_ms=1500.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0,
+                 per_kctx_ms=19.6)
 """The CPU with another process on its cores: every batch starts with 1.5 s."""
 
 PIECES = [(n, ctx, d) for n in (64, 128, 256, 512, 1024) for ctx in (0, 1000, 3000, 6000) for d in (0, 3)]
@@ -53,15 +56,23 @@ def worst_error(model: BatchCostModel, truth: BatchCost) -> float:
 
 class TestForm:
     def test_one_batch(self) -> None:
-        cost = BatchCost(10.0, 2.0, 0.5, 3.0)
-        # 10 + 2·100 + 0.5·100·(1000 + 50)/1000 + 3·4
-        assert cost.batch_ms(100, 1000, 4) == pytest.approx(10 + 200 + 52.5 + 12)
+        cost = BatchCost(10.0, 2.0, 0.5, 3.0, 7.0)
+        # 10 + 2·100 + 0.5·100·(1000 + 50)/1000 + 3·4 + 7·1000/1000
+        assert cost.batch_ms(100, 1000, 4) == pytest.approx(10 + 200 + 52.5 + 12 + 7)
 
-    def test_the_docs_piece_after_a_3000_token_prefix(self) -> None:
-        assert CPU.batch_ms(64, 3000, 3) == pytest.approx(183, abs=2)
+    def test_the_measured_pieces(self) -> None:
+        # bench pieces, -np 4 -kvu, one stream: 64 tokens after 3,000: 186 ms; 512 after 6,448: 1,629 ms.
+        assert CPU.batch_ms(64, 3000) == pytest.approx(186, rel=0.05)
+        assert CPU.batch_ms(512, 6448) == pytest.approx(1629, rel=0.05)
+
+    def test_small_pieces_at_a_long_prefix_pay_for_reading_it(self) -> None:
+        # per token, 64-token pieces after 6,000 cost ~40 % more than 512-token ones (4.6 against
+        # 3.2 ms measured): the context is read once per batch, whatever its size.
+        per_token = {n: CPU.batch_ms(n, 6000) / n for n in (64, 512)}
+        assert per_token[64] > 1.3 * per_token[512]
 
     def test_a_prompt_is_the_sum_of_its_batches(self) -> None:
-        cost = BatchCost(10.0, 2.0, 0.5, 3.0)
+        cost = BatchCost(10.0, 2.0, 0.5, 3.0, 7.0)
         done, total = 700, 0.0
         for n in (512, 512, 176):
             total += cost.batch_ms(n, done, 2)
@@ -104,6 +115,7 @@ class TestFit:
         assert worst_error(model, truth) < 0.02
         assert model.cost.fixed_ms == pytest.approx(truth.fixed_ms, rel=0.1, abs=1.0)
         assert model.cost.per_token_ms == pytest.approx(truth.per_token_ms, rel=0.1)
+        assert model.cost.per_kctx_ms == pytest.approx(truth.per_kctx_ms, rel=0.1, abs=0.5)
 
     def test_gpu_fixed_part_dominates_small_batches(self) -> None:
         cost = fitted(GPU).cost
@@ -147,7 +159,7 @@ class TestFitQuality:
 
     def test_summary_names_the_coefficients_and_the_error(self) -> None:
         text = fitted(GPU).describe().summary()
-        assert text.startswith("batch ≈ 20.0 ms + 0.020 ms/token")
+        assert text.startswith("batch ≈ 20.0 ms + 0.00 ms per 1k ctx + 0.020 ms/token")
         assert "(fitted, 48 of 60 samples, median error 0%)" in text
 
 
@@ -205,3 +217,34 @@ class TestIgnored:
             BatchCostModel(forgetting=0.0)
         with pytest.raises(ValueError, match="fixed_ms > 0"):
             BatchCostModel(BatchCost(0.0, 1.0, 0.0, 0.0))
+
+
+class TestProbe:
+    def test_a_run_of_one_size_asks_for_a_probe(self) -> None:
+        model = BatchCostModel()
+        for i in range(11):
+            model.observe_piece(64, 64 * i, CPU.batch_ms(64, 64 * i, 1), 1)
+        assert not model.needs_probe()
+        model.observe_piece(64, 704, CPU.batch_ms(64, 704, 1), 1)
+        assert model.needs_probe()
+
+    def test_one_other_size_in_the_run_is_enough(self) -> None:
+        model = BatchCostModel()
+        for i in range(12):
+            n = 128 if i == 5 else 64
+            model.observe_piece(n, 64 * i, CPU.batch_ms(n, 64 * i, 1), 1)
+        assert not model.needs_probe()
+
+    def test_the_probe_tells_the_fixed_part_from_the_per_token_part(self) -> None:
+        # 64-token pieces only: growing with the prefix, their time could be context read or attention;
+        # a 128-token piece every twelve (as `needs_probe` asks) and the fit finds the 128-token cost.
+        alike, probed = BatchCostModel(), BatchCostModel()
+        for i in range(24):
+            ctx = 128 * i
+            alike.observe_piece(64, ctx, CPU.batch_ms(64, ctx, 1), 1)
+            n = 128 if i in (8, 16) else 64
+            probed.observe_piece(n, ctx, CPU.batch_ms(n, ctx, 1), 1)
+        truth = CPU.batch_ms(128, 3000, 1)
+        assert abs(probed.cost.batch_ms(128, 3000, 1) / truth - 1) < 0.05
+        assert abs(probed.cost.batch_ms(128, 3000, 1) / truth - 1) < abs(
+            alike.cost.batch_ms(128, 3000, 1) / truth - 1)

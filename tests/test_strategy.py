@@ -20,7 +20,7 @@ from proxy.prefill.outlook import (
     piece_sizes,
     pieces_outlook,
 )
-from proxy.prefill.strategy import TARGET_TRADE, TRADE_SLACK, Strategy, choose_piece
+from proxy.prefill.strategy import STRETCH, TARGET_TRADE, TRADE_SLACK, Strategy, choose_piece
 from tests.test_batch_cost import BUSY, CPU, GPU, fitted
 
 KNOBS = ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.55, max_hold_ms=30_000.0)
@@ -28,6 +28,9 @@ COLD = Situation(done_tokens=0, remaining_tokens=3300, decoders=3)
 """The benchmark's cold prompt (3,300 tokens, nothing cached) beside three streams."""
 FIXED_HEAVY = BatchCost(fixed_ms=100.0, per_token_ms=0.5, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
 """A 64-token piece fits 160 ms, but each piece pays a fixed part as large as 200 tokens."""
+ATTENTION_BOUND = BatchCost(fixed_ms=15.0, per_token_ms=1.2, per_token_per_kctx_ms=0.47, per_decoder_ms=0.0)
+"""Attention to the prefix is all that grows with it: late in a long prompt a piece costs the same per
+token whatever its size."""
 SHAPES = {"cpu": CPU, "gpu": GPU, "busy": BUSY, "fixed-heavy": FIXED_HEAVY, "prior": PRIOR}
 
 
@@ -47,8 +50,8 @@ class TestRule1PieceSizes:
         assert piece_sizes(32) == [64]
 
     def test_fitting_piece_is_the_largest_within_max_stall(self) -> None:
-        assert fitting_piece(CPU, at(0, 3300), dataclasses.replace(KNOBS, max_stall_ms=320)) == 192
-        assert CPU.batch_ms(192, 0, 3) <= 320 < CPU.batch_ms(256, 0, 3)
+        assert fitting_piece(CPU, at(0, 3300), dataclasses.replace(KNOBS, max_stall_ms=320)) == 320
+        assert CPU.batch_ms(320, 0, 3) <= 320 < CPU.batch_ms(384, 0, 3)
 
     def test_capped_by_n_batch(self) -> None:
         assert fitting_piece(GPU, COLD, KNOBS) == 2048
@@ -93,8 +96,16 @@ class TestRule3NeverWorseThanOff:
         assert tiny.trade < off_outlook(BUSY, COLD, KNOBS).trade - TRADE_SLACK
 
     def test_fitting_pieces_refused_when_their_fixed_parts_cost_too_much(self) -> None:
-        assert CPU.batch_ms(64, 0) < 160 and FIXED_HEAVY.batch_ms(64, 0) < 160
-        assert choose(FIXED_HEAVY)[0] is Strategy.LARGER_PIECES
+        # 64 tokens ~132 ms, within 2 × 80; the largest stretched piece (1.9 × 80) trades too little.
+        assert FIXED_HEAVY.batch_ms(64, 0) < 2 * 80
+        assert choose(FIXED_HEAVY, max_stall_ms=80)[0] is Strategy.LARGER_PIECES
+
+    def test_a_stretch_within_the_gap_comes_before_larger_pieces(self) -> None:
+        # at max_stall_ms 160, 64-token pieces trade 0.60; 384 tokens (~292 ms) trade 0.84.
+        choice = choose_piece(FIXED_HEAVY, COLD, KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 384)
+        assert pieces_outlook(FIXED_HEAVY, 64, COLD, KNOBS).trade < choice.off_trade - TRADE_SLACK
+        assert choice.predicted_trade >= choice.off_trade - TRADE_SLACK
 
     @pytest.mark.parametrize("name", SHAPES)
     @pytest.mark.parametrize("done,rest", [(0, 3300), (3000, 3000), (6000, 3600), (9000, 600),
@@ -105,13 +116,39 @@ class TestRule3NeverWorseThanOff:
 
 
 class TestRule4Pieces:
-    def test_cpu_pieces_of_64(self) -> None:
+    def test_cpu_pieces_stretched_to_the_target_trade(self) -> None:
+        # 128 tokens fit 160 ms at the start; 192 (~169 ms) reach a trade of 0.9.
+        assert fitting_piece(CPU, COLD, KNOBS) == 128
         choice = choose_piece(CPU, COLD, KNOBS)
-        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 64)
-        assert choice.predicted_piece_ms == pytest.approx(CPU.batch_ms(64, 0, 3))
-        # about what the benchmark measured on the testbed: 47 % + 1/2.13 ≈ 0.94
-        assert choice.predicted_trade == pytest.approx(0.94, abs=0.02)
-        assert choice.reason.startswith("64-token pieces of ~93 ms (max_stall_ms 160): streams keep ~45%")
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 192)
+        assert choice.predicted_piece_ms == pytest.approx(CPU.batch_ms(192, 0, 3))
+        assert choice.predicted_trade >= TARGET_TRADE > pieces_outlook(CPU, 128, COLD, KNOBS).trade
+        assert choice.reason.startswith("192-token pieces of ~169 ms (max_stall_ms 160), stretched "
+                                        "from 128 to reach trade 0.9: streams keep ~44%")
+
+    def test_a_probe_doubles_the_piece_when_the_fit_has_seen_one_size(self) -> None:
+        # the prior takes 64 tokens as ~148 ms: twice that is within 2 × 160 as predicted.
+        probed = choose_piece(PRIOR, dataclasses.replace(COLD, probe=True), KNOBS)
+        assert choose(PRIOR) == (Strategy.PIECES, 64)
+        assert (probed.strategy, probed.piece_tokens) == (Strategy.PIECES, 128)
+        assert probed.reason.endswith("this one 128 tokens, to measure what a larger batch costs: "
+                                      "streams keep ~44%, the cold request takes ~1.9× alone")
+        assert probed.reason.startswith("64-token pieces of ~148 ms (max_stall_ms 160); this one")
+
+    def test_no_probe_past_twice_max_stall(self) -> None:
+        # after 3,000 tokens 128-token pieces take ~293 ms: a 256-token probe would stall ~520 ms.
+        sit = dataclasses.replace(at(3000, 3600), probe=True)
+        assert choose_piece(CPU, sit, KNOBS).piece_tokens == 128
+
+    def test_the_best_stretch_when_none_reaches_the_target(self) -> None:
+        # after 3,000 tokens with one shared KV: 64 tokens ~180 ms, 128 ~293 ms (within 1.9 × 160),
+        # neither reaches 0.9; the larger one pays the fixed part and the context read half as often.
+        sit = at(3000, 3600)
+        choice = choose_piece(CPU, sit, KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 128)
+        assert choice.predicted_piece_ms <= STRETCH * 160 < CPU.batch_ms(192, 3000, 3)
+        assert pieces_outlook(CPU, 64, sit, KNOBS).trade < choice.predicted_trade < TARGET_TRADE
+        assert "stretched from 64 towards trade 0.9" in choice.reason
 
     def test_gpu_pieces_fill_max_stall_up_to_n_batch(self) -> None:
         choice = choose_piece(GPU, COLD, KNOBS)
@@ -119,8 +156,8 @@ class TestRule4Pieces:
         assert choice.predicted_trade == pytest.approx(choice.off_trade)
 
     def test_over_max_stall_but_within_twice(self) -> None:
-        assert 160 < CPU.batch_ms(64, 3000, 3) <= 320
-        assert choose(CPU, at(3000, 3000)) == (Strategy.PIECES, 64)
+        assert 160 < ATTENTION_BOUND.batch_ms(64, 3000, 3) <= 320
+        assert choose(ATTENTION_BOUND, at(3000, 3000)) == (Strategy.PIECES, 64)
 
 
 class TestRule5LargerPieces:
@@ -134,14 +171,14 @@ class TestRule5LargerPieces:
         assert "amortise the fixed part" in choice.reason
 
     def test_the_smallest_size_that_reaches_the_target_trade(self) -> None:
-        strategy, n = choose(FIXED_HEAVY)
+        strategy, n = choose(FIXED_HEAVY, max_stall_ms=80)
         trades = {m: pieces_outlook(FIXED_HEAVY, m, COLD, KNOBS).trade for m in piece_sizes(2048)}
         assert strategy is Strategy.LARGER_PIECES
         assert trades[n] >= TARGET_TRADE > trades[n - 64]
 
     def test_the_fitting_piece_when_larger_ones_gain_little(self) -> None:
         # late in a long prompt on the CPU: attention dominates and does not depend on the piece size.
-        choice = choose_piece(CPU, at(9000, 600), KNOBS)
+        choice = choose_piece(ATTENTION_BOUND, at(9000, 600), KNOBS)
         assert choice.predicted_piece_ms > 2 * 160
         assert (choice.strategy, choice.piece_tokens) == (Strategy.PIECES, 64)
         assert "larger pieces gain little" in choice.reason
@@ -208,8 +245,8 @@ class TestShapesEndToEnd:
 
     def test_cpu(self) -> None:
         model = fitted(CPU)
-        assert choose(model.cost) == (Strategy.PIECES, 64)
-        assert choose(model.cost, max_stall_ms=320) == (Strategy.PIECES, 192)
+        assert choose(model.cost) == (Strategy.PIECES, 192)
+        assert choose(model.cost, max_stall_ms=320) == (Strategy.PIECES, 320)
 
     def test_gpu(self) -> None:
         assert choose(fitted(GPU).cost) == (Strategy.PIECES, 2048)

@@ -222,7 +222,7 @@ def install(app: web.Application) -> None:
     app.router.add_get("/metrics", guarded(serve_metrics))
 
 
-COST_PARTS = (("fixed", "fixed_ms"), ("per_token", "per_token_ms"),
+COST_PARTS = (("fixed", "fixed_ms"), ("per_kctx", "per_kctx_ms"), ("per_token", "per_token_ms"),
               ("per_token_per_kctx", "per_token_per_kctx_ms"), ("per_decoder", "per_decoder_ms"))
 
 
@@ -231,8 +231,9 @@ def prefill_gauges(snap: PolicySnapshot | None) -> Iterable[Metric]:
     if snap is None:
         return
     cost = GaugeMetricFamily("slotwise_prefill_batch_cost_ms",
-                             "The fitted batch-cost model: ms per batch (fixed), per prompt token, per "
-                             "token per 1k tokens of context, per decoding slot", labels=["part"])
+                             "The fitted batch-cost model: ms per batch (fixed), per batch per 1k tokens "
+                             "of context, per prompt token, per token per 1k tokens of context, per "
+                             "decoding slot", labels=["part"])
     for label, attr in COST_PARTS:
         cost.add_metric([label], getattr(snap.cost.cost, attr))
     yield cost

@@ -1,17 +1,24 @@
-"""What one batch of prompt tokens costs on this server: a four-coefficient model fitted online.
+"""What one batch of prompt tokens costs on this server: a five-coefficient model fitted online.
 
 Pure: observations in, predictions out; no clock, no I/O, no log. The strategy (`strategy.py`) sizes
 pieces with it; the policy owns the only instance and feeds it every piece and every finished prefill.
 
 The form: a batch of n new tokens after a prefix of x tokens, with d other slots decoding, takes
 
-    t(n, x, d) = a + b·n + c·n·(x + n/2)/1000 + e·d      (ms)
+    t(n, x, d) = a + g·x/1000 + b·n + c·n·(x + n/2)/1000 + e·d      (ms)
 
-a: the fixed part (reading the weights, thread start-up); b: per token (the matmuls); c: attention,
-per token per 1,000 tokens it attends to (token j of the batch attends to x + j, n/2 on average);
-e: per decoding slot in the same batch. A prompt of N tokens after x cached, computed in
-k = ceil(N / n_batch) batches, takes k·(a + e·d) + b·N + c·N·(x + N/2)/1000: the attention sum does
-not depend on how the prompt is cut, so a finished prefill is one linear observation like a piece.
+a: the fixed part (reading the weights, thread start-up); g: the part of the fixed part that grows
+with the context, per 1,000 tokens (each batch reads the whole context's KV once, whatever its size);
+b: per token (the matmuls); c: attention, per token per 1,000 tokens it attends to (token j of the
+batch attends to x + j, n/2 on average); e: per decoding slot in the same batch. Why g: measured with
+`slotwise bench pieces` (one stream, `-np 4` and `-np 4 -kvu`, pieces of 64-512 tokens after 300,
+3,000 and 6,000 tokens), the time a batch takes whatever its size grew from ~10 ms after 300 tokens
+to 60-70 ms after 3,000 and 80-130 ms after 6,000; without g, pieces measured at 64 tokens made
+larger ones look dearer than they are, and small pieces at a long prefix cheaper.
+A prompt of N tokens after x cached, computed in k = ceil(N / n_batch) batches of n_batch (the last
+one the rest), takes k·(a + e·d) + g·(k·x + n_batch·k(k-1)/2)/1000 + b·N + c·N·(x + N/2)/1000: the
+attention sum does not depend on how the prompt is cut, so a finished prefill is one linear
+observation like a piece.
 
 The fit: non-negative least squares over the last `window` observations, each weighted by
 `forgetting`**age and its error measured relative to its time (a 2 s batch and a 20 ms one count
@@ -35,8 +42,8 @@ from statistics import median
 import numpy as np
 import numpy.typing as npt
 
-Row = tuple[float, float, float, float]
-"""One observation's features, in the order of the coefficients a, b, c, e."""
+Row = tuple[float, float, float, float, float]
+"""One observation's features, in the order of the coefficients a, b, c, e, g."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class BatchCost:
     """c: per prompt token and per 1,000 tokens of context it attends to."""
     per_decoder_ms: float
     """e: per other slot decoding one token in the same batch."""
+    per_kctx_ms: float = 0.0
+    """g: per batch, per 1,000 tokens of context in the slot (read once by each batch)."""
 
     def batch_ms(self, tokens: int, ctx: int, decoders: int = 0) -> float:
         """One batch of `tokens` new tokens after `ctx` tokens already in the slot."""
@@ -61,7 +70,8 @@ class BatchCost:
         return self.time_ms(prompt_row(tokens, ctx, n_batch, decoders))
 
     def as_tuple(self) -> Row:
-        return (self.fixed_ms, self.per_token_ms, self.per_token_per_kctx_ms, self.per_decoder_ms)
+        return (self.fixed_ms, self.per_token_ms, self.per_token_per_kctx_ms, self.per_decoder_ms,
+                self.per_kctx_ms)
 
     def time_ms(self, row: Row) -> float:
         """The time of an observation with these features (`batch_row`, `prompt_row`)."""
@@ -72,19 +82,21 @@ PRIOR = BatchCost(fixed_ms=20.0, per_token_ms=2.0, per_token_per_kctx_ms=0.0, pe
 """Before any measurement: 64 tokens in ~150 ms, about the old default of 500 tokens/s."""
 
 PRIOR_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (64, 0, 0), (512, 0, 0), (2048, 0, 0), (512, 8192, 0), (64, 0, 8))
-"""The imagined batches (tokens, ctx, decoders) that carry the prior: together they tell all four
+    (64, 0, 0), (512, 0, 0), (2048, 0, 0), (512, 8192, 0), (64, 8192, 0), (64, 0, 8))
+"""The imagined batches (tokens, ctx, decoders) that carry the prior: together they tell all five
 coefficients apart, so every fit has a single answer."""
 
 
 def batch_row(tokens: int, ctx: int, decoders: int = 0) -> Row:
-    return (1.0, float(tokens), tokens * (ctx + tokens / 2) / 1000.0, float(decoders))
+    return (1.0, float(tokens), tokens * (ctx + tokens / 2) / 1000.0, float(decoders), ctx / 1000.0)
 
 
 def prompt_row(tokens: int, ctx: int, n_batch: int, decoders: int = 0) -> Row:
-    batches = max(1, math.ceil(tokens / max(1, n_batch)))
+    step = max(1, n_batch)
+    batches = max(1, math.ceil(tokens / step))
+    read = batches * ctx + step * batches * (batches - 1) / 2
     return (float(batches), float(tokens), tokens * (ctx + tokens / 2) / 1000.0,
-            float(batches * decoders))
+            float(batches * decoders), read / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -119,7 +131,8 @@ class CostFit:
     def summary(self) -> str:
         c = self.cost
         err = "no error yet" if self.median_error is None else f"median error {self.median_error:.0%}"
-        return (f"batch ≈ {c.fixed_ms:.1f} ms + {c.per_token_ms:.3f} ms/token"
+        return (f"batch ≈ {c.fixed_ms:.1f} ms + {c.per_kctx_ms:.2f} ms per 1k ctx"
+                f" + {c.per_token_ms:.3f} ms/token"
                 f" + {c.per_token_per_kctx_ms:.3f} ms/token per 1k ctx + {c.per_decoder_ms:.2f} ms/decoder"
                 f" ({self.source}, {self.in_fit} of {self.samples} samples, {err})")
 
@@ -166,6 +179,14 @@ class BatchCostModel:
             return
         self._observe(prompt_row(prompt_n, cache_n, n_batch, decoders), prompt_ms)
 
+    def needs_probe(self, run: int = 12) -> bool:
+        """Whether the last `run` observations were all batches of one size: then the samples cannot
+        tell what a batch costs whatever its size from what each token costs (nor the context read
+        from the attention), and a model fitted on them would take every piece as efficient as a
+        whole prompt. The strategy then makes one piece larger, to measure."""
+        recent = list(self._samples)[-run:]
+        return len(recent) == run and len({s.row[1] for s in recent}) == 1
+
     def describe(self) -> CostFit:
         return CostFit(
             cost=self._cost, source="fitted" if self._samples else "prior",
@@ -206,8 +227,8 @@ class BatchCostModel:
 
     def _fit(self) -> BatchCost:
         rows, ys, weights = self._system()
-        a, b, c, e = (float(v) for v in nonnegative_lstsq(rows * weights[:, None], ys * weights))
-        return BatchCost(a, b, c, e)
+        a, b, c, e, g = (float(v) for v in nonnegative_lstsq(rows * weights[:, None], ys * weights))
+        return BatchCost(a, b, c, e, g)
 
     def _system(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """The weighted rows: the samples (the newest weighs 1) and the prior's batches, the prior

@@ -48,6 +48,8 @@ class Situation:
     """Their decode step alone (None: not known, nothing counted inside a batch)."""
     largest_piece: int | None = None
     """The largest piece already measured for this request (None: none yet)."""
+    probe: bool = False
+    """The fitted cost has seen batches of one size only (`BatchCostModel.needs_probe`)."""
 
     def piece_cap(self, n_batch: int) -> int:
         """Rule 1's ramp: RAMP × the largest piece measured (`n_batch` before the first: the first

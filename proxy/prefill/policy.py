@@ -211,7 +211,8 @@ class PrefillPolicy:
                            prefill_share=self._cfg.prefill_share,
                            max_hold_ms=self._cfg.max_hold_s * 1000.0)
         situation = Situation(done_tokens=done_tokens, remaining_tokens=remaining_tokens,
-                              decoders=self._decoders(), largest_piece=largest_piece)
+                              decoders=self._decoders(), largest_piece=largest_piece,
+                              probe=self._cost.needs_probe())
         return choose_piece(self._cost.cost, situation, knobs)
 
     def snapshot(self) -> PolicySnapshot:

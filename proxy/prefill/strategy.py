@@ -7,13 +7,15 @@ With δ = 0: Q(n) = 1 - (C(n) - C_off)/(C(n) + P(n)). Chunking loses exactly the
 smaller batches, (k - k_off) fixed parts: tiny pieces on a machine whose fixed part is 1.5 s lose
 nearly everything, while pieces of n_batch reach off's trade. And Q ≥ Q_off - ε ⟺ F·(1 - S) ≤ 1 + ε·F:
 the streams' stalled time, in units of the cold prompt alone, is at most what off stalls them plus
-ε·F, the price of never freezing them. ε = TRADE_SLACK = 0.25: the predicted trade of ordinary
-pieces sits within a few hundredths of 0.9 (measured 0.94 on the recommended set-up), and a model
-fitted from a few pieces errs by about that much, so a tighter floor would turn good pieces into
-long ones on a model's whim; the disasters it guards against (tiny pieces on a busy machine) trade
-0.1-0.5. A hold reaches off's trade too, and so do pieces of n_batch, so the trade alone cannot
-choose between larger pieces and a hold: pieces win when they stall the streams no longer than off
-(rule 5), since they also bound what the cold request pays; otherwise the hold does (rule 6).
+ε·F, the price of never freezing them. ε = TRADE_SLACK = 0.35: ordinary pieces trade about 0.9
+on separate per-slot caches, but with one shared KV after a few thousand tokens the context read
+makes the best pieces within 2 × `max_stall_ms` trade ~0.7 (predicted and measured: 0.61-0.66 in
+the set-up matrix), while they keep the streams at ~40 % with gaps of 0.2-0.3 s; a floor of 0.75
+turned them into 450-token pieces that stalled the streams 0.8-0.9 s. The disasters it guards
+against (tiny pieces on a busy machine) trade 0.1-0.5. A hold reaches off's trade too, and so do
+pieces of n_batch, so the trade alone cannot choose between larger pieces and a hold: pieces win
+when they stall the streams no longer than off (rule 5), since they also bound what the cold
+request pays; otherwise the hold does (rule 6).
 """
 
 from __future__ import annotations
@@ -32,16 +34,20 @@ from proxy.prefill.outlook import (
     piece_sizes,
     pieces_outlook,
 )
+from proxy.prefill.sizing import PIECE_ALIGN
 
 STALL_SLACK = 2.0
 """Rule 4: pieces keep their promise while the next one is predicted within this × `max_stall_ms`
 (the issue allows the streams' longest gap up to 2 × `max_stall_ms`)."""
-TRADE_SLACK = 0.25
+TRADE_SLACK = 0.35
 """Rule 3: an option whose trade is below off's minus this is never chosen."""
 TARGET_TRADE = 0.9
 """Rule 4: what fitting pieces should keep (the streams' share + the cold request's share); issue #8's aim."""
-STRETCH = 1.5
-"""Rule 4: how far past `max_stall_ms` a piece may grow to reach TARGET_TRADE."""
+STRETCH = 1.9
+"""Rule 4: how far past `max_stall_ms` a piece may grow to reach TARGET_TRADE: within the streams'
+longest gap the issue allows (STALL_SLACK), less a twentieth for the model's error. Measured with one
+shared KV after 3,000 tokens (`bench pieces`, `-np 4 -kvu`): 64-token pieces take 186 ms and use the
+server at ~2/3 of a whole prompt's rate, 128-token ones 302 ms at ~7/8."""
 TRADE_KNEE = 0.05
 """Rule 5: a larger piece is worth its longer batch only while it gains more than this in trade."""
 
@@ -81,11 +87,14 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
      2. WHOLE when the rest is no larger than the fitting piece: one more piece would be all of it.
      3. Never worse than off for everyone: an option whose trade is below off's − TRADE_SLACK is
         never chosen (the module docstring derives why that bounds the streams' stalled time).
-     4. PIECES of the fitting piece when rule 3 allows them and the piece is predicted within
-        STALL_SLACK × `max_stall_ms`; but when their trade is below TARGET_TRADE, the smallest
+     4. PIECES of the fitting piece when the piece is predicted within STALL_SLACK ×
+        `max_stall_ms` and rule 3 allows them (or the stretched ones below); but when their trade
+        is below TARGET_TRADE, the smallest
         larger piece (within the ramp) that reaches it while predicted within STRETCH ×
-        `max_stall_ms` (if none does, the fitting piece): a slightly longer batch that stops
-        the fixed part from eating the cold request's time.
+        `max_stall_ms` (if none does, the one of those with the best trade): a longer batch that
+        stops the fixed part from eating the cold request's time. When the fit has seen batches
+        of one size only, this one piece is twice that size (within the ramp and STALL_SLACK ×
+        `max_stall_ms`): a probe, so the fit can tell the fixed part from the per-token part.
      5. Otherwise the pieces cannot keep their promise, and the trade decides. Bigger pieces amortise
         the fixed part: from the fitting piece up, take the smallest size that still cuts the rest in
         two or more, whose trade reaches TARGET_TRADE or is within TRADE_KNEE of the best size's
@@ -106,12 +115,18 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
     first = pieces_outlook(cost, fit, sit, knobs)
     fit_ms = cost.batch_ms(fit, sit.done_tokens, sit.decoders)
     stall = f"(max_stall_ms {knobs.max_stall_ms:g})"
-    if first.trade >= floor and fit_ms <= STALL_SLACK * knobs.max_stall_ms:
-        n, outlook = _stretch(cost, fit, first, sit, knobs)
+    n, outlook = _stretch(cost, fit, first, sit, knobs)
+    if outlook.trade >= floor and fit_ms <= STALL_SLACK * knobs.max_stall_ms:
         n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
-        stretched = "" if n == fit else f", stretched from {fit} to reach trade {TARGET_TRADE:g}"
-        return _choice(Strategy.PIECES, n, n_ms, outlook, off,
-                       f"{n}-token pieces of ~{_dur(n_ms)} {stall}{stretched}{_keeps(outlook)}")
+        said = f"{n}-token pieces of ~{_dur(n_ms)} {stall}" + ("" if n == fit else (
+            f", stretched from {fit} " + ("to reach trade " if outlook.trade >= TARGET_TRADE
+                                          else "towards trade ") + f"{TARGET_TRADE:g}"))
+        probe = _probe(cost, n, sit, knobs)
+        if probe is not None:
+            n, outlook = probe, pieces_outlook(cost, probe, sit, knobs)
+            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+            said += f"; this one {n} tokens, to measure what a larger batch costs"
+        return _choice(Strategy.PIECES, n, n_ms, outlook, off, f"{said}{_keeps(outlook)}")
     why = f"{fit}-token pieces would take ~{_dur(fit_ms)} {stall}" + (
         "" if first.trade >= floor else f" and trade {first.trade:.2f} against off's {off.trade:.2f}")
     knee = _knee(cost, fit, sit, knobs, floor, off)
@@ -132,10 +147,13 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
 
 def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
              knobs: ChunkKnobs) -> tuple[int, Outlook]:
-    """Rule 4's size: the fitting piece, or the smallest larger one within the ramp and STRETCH ×
-    `max_stall_ms` whose trade reaches TARGET_TRADE."""
+    """Rule 4's size: the fitting piece if it reaches TARGET_TRADE; else the smallest larger one
+    within the ramp and STRETCH × `max_stall_ms` that does, or, if none does, the one of them with
+    the best trade (the largest: a bigger batch pays the fixed part, and the context read, fewer
+    times)."""
     if first.trade >= TARGET_TRADE:
         return fit, first
+    best = (fit, first)
     for n in piece_sizes(sit.piece_cap(knobs.n_batch)):
         if n <= fit or n >= sit.remaining_tokens:
             continue
@@ -144,7 +162,23 @@ def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
         outlook = pieces_outlook(cost, n, sit, knobs)
         if outlook.trade >= TARGET_TRADE:
             return n, outlook
-    return fit, first
+        if outlook.trade > best[1].trade:
+            best = (n, outlook)
+    return best
+
+
+def _probe(cost: BatchCost, n: int, sit: Situation, knobs: ChunkKnobs) -> int | None:
+    """Rule 4's probe: when the fit has seen one size only (`sit.probe`), one piece twice as large
+    (within the ramp), if predicted within STALL_SLACK × `max_stall_ms`. The prediction errs high
+    (a fit on one size takes its whole time as per token), so the probe stalls less than foretold."""
+    if not sit.probe:
+        return None
+    size = min(2 * n, sit.piece_cap(knobs.n_batch)) // PIECE_ALIGN * PIECE_ALIGN
+    if size <= n or size >= sit.remaining_tokens:
+        return None
+    if cost.batch_ms(size, sit.done_tokens, sit.decoders) > STALL_SLACK * knobs.max_stall_ms:
+        return None
+    return size
 
 
 def _knee(cost: BatchCost, fit: int, sit: Situation, knobs: ChunkKnobs,
