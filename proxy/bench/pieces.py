@@ -4,6 +4,8 @@ A piece is one batch, and llama-server cannot interrupt a batch: every stream, a
 that arrives meanwhile, waits until it ends. This measures, with streams decoding, the batch time of
 pieces of several sizes after a long cached prefix, beside a short turn's own prompt time in the same
 conditions: the figures to choose `prefill.max_stall_ms` from, on the testbed or on your own server.
+After several prefixes, the batch-cost model slotwise would fit from these pieces, what it makes of
+them (the largest piece within `max_stall_ms`, the way on it would choose), and the server's layout.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from typing import Any
 
 import aiohttp
 
+from proxy.prefill.batch_cost import BatchCostModel
+from proxy.prefill.layout import ServerLayout, read_layout
+from proxy.prefill.outlook import ChunkKnobs, Situation, fitting_piece
+from proxy.prefill.strategy import PieceChoice, choose_piece
 from proxy.testbed.words import filler
 
 SIZES = (16, 32, 64, 128, 256)
@@ -44,6 +50,59 @@ class PieceFigures:
     def as_dict(self) -> dict[str, Any]:
         return {"streams": self.streams, "short_prompt_ms": self.short_prompt_ms,
                 "pieces": [p.__dict__ for p in self.pieces]}
+
+    def extend(self, other: PieceFigures) -> None:
+        self.pieces.extend(other.pieces)
+        self.short_prompt_ms.extend(other.short_prompt_ms)
+
+
+@dataclass(frozen=True)
+class PrefixOutlook:
+    """What the fitted model makes of one prefix: the piece `chunk` would size, and its choice."""
+
+    prefix: int
+    fitting_piece: int
+    fitting_ms: float
+    choice: PieceChoice
+
+
+COLD_REST = 3300
+"""The rest a choice is shown for: the contention benchmark's cold prompt."""
+
+
+def fit_pieces(figures: PieceFigures) -> BatchCostModel:
+    """The batch-cost model slotwise would fit from these pieces (`figures.streams` decoding)."""
+    model = BatchCostModel()
+    for p in figures.pieces:
+        model.observe_piece(p.tokens, p.prefix, p.prompt_ms, figures.streams)
+    return model
+
+
+def outlooks(model: BatchCostModel, prefixes: Sequence[int], streams: int,
+             knobs: ChunkKnobs) -> list[PrefixOutlook]:
+    """At each prefix: the largest piece within `max_stall_ms` and the way on `chunk` would choose
+    for a 3,300-token rest with `streams` generating."""
+    cost = model.cost
+    out = []
+    for prefix in prefixes:
+        sit = Situation(done_tokens=prefix, remaining_tokens=COLD_REST, decoders=streams)
+        fit = fitting_piece(cost, sit, knobs)
+        out.append(PrefixOutlook(prefix, fit, cost.batch_ms(fit, prefix, streams),
+                                 choose_piece(cost, sit, knobs)))
+    return out
+
+
+async def server_layout(url: str, headers: dict[str, str] | None = None) -> ServerLayout:
+    """The layout llama-server shows (`/props`, `/v1/models`); what it cannot show stays None."""
+    async with aiohttp.ClientSession(headers=headers) as session:
+        found = []
+        for path in ("/props", "/v1/models"):
+            try:
+                async with session.get(url + path) as response:
+                    found.append(await response.json() if response.status == 200 else None)
+            except (aiohttp.ClientError, ValueError):
+                found.append(None)
+    return read_layout(*found)
 
 
 async def measure(url: str, *, prefix: int = 3000, sizes: Sequence[int] = SIZES,

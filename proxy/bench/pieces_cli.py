@@ -1,5 +1,6 @@
 """`slotwise bench pieces`: runs `proxy.bench.pieces` on the testbed or on the upstream of a
-slotwise config and prints the batch time of each piece size beside a short turn's own prompt time.
+slotwise config and prints the batch time of each piece size beside a short turn's own prompt time,
+then the batch-cost model fitted from them, what `chunk` would do with it, and the layout advice.
 Only this module knows about terminals."""
 
 from __future__ import annotations
@@ -16,9 +17,21 @@ from rich.table import Table
 
 from proxy.bench.contention import SERVER_ARGS
 from proxy.bench.harness import temp_dir
-from proxy.bench.output import figures_table, positive_int, show
-from proxy.bench.pieces import SIZES, PieceFigures, measure
-from proxy.config import ConfigError, load_config
+from proxy.bench.output import figures_table, print_table, show
+from proxy.bench.pieces import (
+    COLD_REST,
+    SIZES,
+    PieceFigures,
+    PrefixOutlook,
+    fit_pieces,
+    measure,
+    outlooks,
+    server_layout,
+)
+from proxy.config import ConfigError, PrefillConfig, load_config
+from proxy.prefill.batch_cost import CostFit
+from proxy.prefill.layout import ServerLayout, layout_advice
+from proxy.prefill.outlook import ChunkKnobs
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
 
@@ -29,8 +42,10 @@ def add_pieces(commands: Any) -> None:
     pieces.add_argument("--config", metavar="FILE",
                         help="measure the upstream of this slotwise config (its url and API key; "
                              "it needs streams + 2 free slots); default: the testbed's small model")
-    pieces.add_argument("--prefix", type=positive_int, default=3000,
-                        help="tokens cached before the pieces (default 3000)")
+    pieces.add_argument("--prefix", default="3000",
+                        help="tokens cached before the pieces; several, comma-separated, measure "
+                             "each in turn and let the fit tell the context's part (e.g. "
+                             "300,3000,6000; default 3000)")
     pieces.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help=f"piece sizes in tokens, comma-separated (default {','.join(map(str, SIZES))})")
     pieces.add_argument("--streams", type=int, default=3,
@@ -43,24 +58,23 @@ def add_pieces(commands: Any) -> None:
 
 
 def run_pieces(args: argparse.Namespace) -> int:
-    try:
-        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        print(f"slotwise: --sizes must be whole numbers separated by commas, got {args.sizes!r}",
-              file=sys.stderr)
+    sizes, prefixes = _numbers(args.sizes, "--sizes"), _numbers(args.prefix, "--prefix")
+    if sizes is None or prefixes is None:
         return 2
-    if not sizes or min(sizes) < 1 or args.streams < 0:
-        print("slotwise: --sizes needs at least one size >= 1, --streams must be >= 0",
-              file=sys.stderr)
+    if not sizes or min(sizes) < 1 or not prefixes or min(prefixes) < 1 or args.streams < 0:
+        print("slotwise: --sizes and --prefix need at least one number >= 1 each, --streams must "
+              "be >= 0", file=sys.stderr)
         return 2
+    prefill = PrefillConfig()
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:
         if args.config:
             try:
-                upstream = load_config(args.config).upstream
+                config = load_config(args.config)
             except (OSError, ConfigError) as exc:
                 print(f"slotwise: {exc}", file=sys.stderr)
                 return 2
+            upstream, prefill = config.upstream, config.prefill
             url, headers, where = upstream.url, upstream.auth_headers(), upstream.url
         else:
             console.print("[dim]starting llama-server (testbed small model) …[/dim]")
@@ -69,9 +83,58 @@ def run_pieces(args: argparse.Namespace) -> int:
             server = stack.enter_context(LlamaServer(
                 model.model, args=args.server_args.split(), log_path=work / "llama-server.log"))
             url, headers, where = server.url, {}, "testbed small model"
-        figures = asyncio.run(measure(url, prefix=args.prefix, sizes=sizes,
-                                      streams=args.streams, headers=headers))
-    return show(pieces_table(figures, where), figures.as_dict(), as_json=args.json)
+        figures = PieceFigures(streams=args.streams)
+        for prefix in prefixes:
+            figures.extend(asyncio.run(measure(url, prefix=prefix, sizes=sizes,
+                                               streams=args.streams, headers=headers)))
+        layout = asyncio.run(server_layout(url, headers))
+    fitted = fit_pieces(figures)
+    knobs = ChunkKnobs(max_stall_ms=prefill.max_stall_ms, n_batch=prefill.n_batch,
+                       prefill_share=prefill.prefill_share, max_hold_ms=prefill.max_hold_s * 1000.0)
+    seen = outlooks(fitted, prefixes, args.streams, knobs)
+    status = show(pieces_table(figures, where), {
+        **figures.as_dict(), "fit": fitted.cost.__dict__,
+        "outlooks": [{"prefix": o.prefix, "fitting_piece": o.fitting_piece,
+                      "strategy": o.choice.strategy.value, "piece_tokens": o.choice.piece_tokens,
+                      "reason": o.choice.reason} for o in seen],
+        "layout_advice": layout_advice("chunk", layout)}, as_json=args.json)
+    print_table(fit_table(fitted.describe(), seen, knobs))
+    for line in advice_lines(layout):
+        print(line)
+    return status
+
+
+def _numbers(text: str, flag: str) -> list[int] | None:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        print(f"slotwise: {flag} must be whole numbers separated by commas, got {text!r}",
+              file=sys.stderr)
+        return None
+
+
+def fit_table(fit: CostFit, seen: list[PrefixOutlook], knobs: ChunkKnobs) -> Table:
+    """The fitted model in one line (the title), then per prefix what `chunk` would make of it."""
+    table = figures_table(f"fitted: {fit.summary()}")
+    for column in ("after prefix", f"largest piece within {knobs.max_stall_ms:g} ms",
+                   f"chunk's way on for {COLD_REST:,} more tokens"):
+        table.add_column(column, justify="left" if column.startswith("chunk") else "right")
+    for o in seen:
+        table.add_row(f"{o.prefix:,}", f"{o.fitting_piece} tokens (~{o.fitting_ms:.0f} ms)",
+                      o.choice.reason)
+    table.caption = ("a fit from pieces of a few sizes after one prefix cannot tell the context's "
+                     "part from the attention's: measure several (--prefix 300,3000,6000)")
+    return table
+
+
+def advice_lines(layout: ServerLayout) -> list[str]:
+    """The server's layout and the flags that would serve `chunk` better, as `serve` warns them."""
+    advice = layout_advice("chunk", layout)
+    head = f"llama-server: {layout.describe()}"
+    if not advice:
+        return [f"{head}; nothing in its layout costs chunk a lot that slotwise can see "
+                "(it cannot see --cache-idle-slots: run --no-cache-idle-slots, docs/prefill.md)"]
+    return [f"{head}. Flags:"] + [f"  - {a}" for a in advice]
 
 
 def pieces_table(figures: PieceFigures, where: str) -> Table:
