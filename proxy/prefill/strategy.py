@@ -43,11 +43,14 @@ TRADE_SLACK = 0.35
 """Rule 3: an option whose trade is below off's minus this is never chosen."""
 TARGET_TRADE = 0.9
 """Rule 4: what fitting pieces should keep (the streams' share + the cold request's share); issue #8's aim."""
-STRETCH = 1.9
-"""Rule 4: how far past `max_stall_ms` a piece may grow to reach TARGET_TRADE: within the streams'
-longest gap the issue allows (STALL_SLACK), less a twentieth for the model's error. Measured with one
-shared KV after 3,000 tokens (`bench pieces`, `-np 4 -kvu`): 64-token pieces take 186 ms and use the
-server at ~2/3 of a whole prompt's rate, 128-token ones 302 ms at ~7/8."""
+STRETCH = 1.6
+"""Rule 4: how far past `max_stall_ms` a piece may grow to reach TARGET_TRADE, within the streams'
+longest gap the issue allows (STALL_SLACK). Not all of it: a short turn's batch or a copy to RAM can
+follow a piece before the streams' next token, and a fit errs. Measured (`bench contention --setups
+all`, one run at 9151813): stretched to 1.9 ×, pieces of up to 304 ms gave gaps of 0.30-0.40 s
+(over 2 × 160 ms on three set-ups of six); at 1.5 ×, 0.23-0.30 s. With one shared KV after 3,000
+tokens (`bench pieces`, `-np 4 -kvu`) 64-token pieces take 186 ms and use the server at ~2/3 of a
+whole prompt's rate, 128-token ones 302 ms at ~7/8."""
 TRADE_KNEE = 0.05
 """Rule 5: a larger piece is worth its longer batch only while it gains more than this in trade."""
 
