@@ -101,7 +101,7 @@ class PrefillConfig:
     """GGUF file to tokenize with in process (needs slotwise[gguf]); empty: ask the upstream."""
     n_batch: int = 2048
     """chunk: the upstream's `-b` (llama-server does not report it); a piece never exceeds it."""
-    max_cold_factor: float = 2.5
+    max_cold_factor: float = 2.0
     """chunk: the cold request should take at most this × its time alone (as the fitted batch cost
     predicts it); the pauses between pieces shrink when it falls behind. 0: no such bound."""
 
