@@ -9,9 +9,9 @@ nearly everything, while pieces of n_batch reach off's trade. And Q ≥ Q_off - 
 the streams' stalled time, in units of the cold prompt alone, is at most what off stalls them plus
 ε·F, the price of never freezing them. ε = TRADE_SLACK = 0.35: ordinary pieces trade about 0.9
 on separate per-slot caches, but with one shared KV after a few thousand tokens the context read
-makes the best pieces within 2 × `max_stall_ms` trade ~0.7 (predicted and measured: 0.61-0.66 in
-the set-up matrix), while they keep the streams at ~40 % with gaps of 0.2-0.3 s; a floor of 0.75
-turned them into 450-token pieces that stalled the streams 0.8-0.9 s. The disasters it guards
+makes the best pieces within 2 × `max_stall_ms` trade 0.6-0.7 (predicted and measured in the
+set-up matrix), with the streams' gaps at 0.3-0.35 s; a floor of 0.75 turned them into 450-token
+pieces that stalled the streams 0.8-0.9 s. The disasters it guards
 against (tiny pieces on a busy machine) trade 0.1-0.5. A hold reaches off's trade too, and so do
 pieces of n_batch, so the trade alone cannot choose between larger pieces and a hold: pieces win
 when they stall the streams no longer than off (rule 5), since they also bound what the cold
@@ -92,12 +92,12 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         never chosen (the module docstring derives why that bounds the streams' stalled time).
      4. PIECES of the fitting piece when the piece is predicted within STALL_SLACK ×
         `max_stall_ms` and rule 3 allows them (or the stretched ones below); but when their trade
-        is below TARGET_TRADE, the smallest
-        larger piece (within the ramp) that reaches it while predicted within STRETCH ×
-        `max_stall_ms` (if none does, the one of those with the best trade): a longer batch that
-        stops the fixed part from eating the cold request's time. When the fit has seen batches
-        of one size only, this one piece is twice that size (within the ramp and STALL_SLACK ×
-        `max_stall_ms`): a probe, so the fit can tell the fixed part from the per-token part.
+        is below TARGET_TRADE, the smallest larger piece (within the ramp) that reaches it while
+        predicted within STRETCH × `max_stall_ms` (if none does, the one of those with the best
+        trade): a longer batch that stops the fixed part from eating the cold request's time.
+        When the fit has seen batches of one size only, this one piece is twice that size (within
+        the ramp and STALL_SLACK × `max_stall_ms`): a probe, so the fit can tell the fixed part
+        from the per-token part.
      5. Otherwise the pieces cannot keep their promise, and the trade decides. Bigger pieces amortise
         the fixed part: from the fitting piece up, take the smallest size that still cuts the rest in
         two or more, whose trade reaches TARGET_TRADE or is within TRADE_KNEE of the best size's
@@ -172,8 +172,8 @@ def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
 
 def _probe(cost: BatchCost, n: int, sit: Situation, knobs: ChunkKnobs) -> int | None:
     """Rule 4's probe: when the fit has seen one size only (`sit.probe`), one piece twice as large
-    (within the ramp), if predicted within STALL_SLACK × `max_stall_ms`. The prediction errs high
-    (a fit on one size takes its whole time as per token), so the probe stalls less than foretold."""
+    (within the ramp), if predicted within STALL_SLACK × `max_stall_ms`: the bound of any piece, by
+    the same model that cannot yet tell how much of a batch is fixed."""
     if not sit.probe:
         return None
     size = min(2 * n, sit.piece_cap(knobs.n_batch)) // PIECE_ALIGN * PIECE_ALIGN
