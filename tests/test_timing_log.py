@@ -194,3 +194,21 @@ async def test_sighup_after_a_move_and_create_rotation_writes_to_the_new_file(
     assert [r["config_gen"] for r in read_records(timing, 1)] == [3]
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 20) == 0
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda text: text.replace(b"[listen]", b"# caf\xe9\n[listen]"), "is not UTF-8 text: byte 0x"),
+    (lambda text: text.replace(b".jsonl", b"\\u0000.jsonl"), "log.timing: holds a NUL character"),
+], ids=["not-utf8", "nul-in-a-path"])
+async def test_a_reload_from_a_config_not_utf8_or_with_a_nul_is_refused_and_the_log_reopened(
+        fake_url: str, start_proxy: StartProxy, tmp_path: Path, damage: Any, message: str) -> None:
+    proxy = start_proxy(fake_url, listen={"shutdown_grace_s": GRACE_S})
+    timing = Path(proxy.config.log.timing)
+    config = write_config(tmp_path / "bad.toml", fake_url, timing)
+    config.write_bytes(damage(config.read_bytes()))
+    timing.rename(tmp_path / "timing.jsonl.1")  # a rotation's SIGHUP that meets a bad file
+    result = await reload_from(proxy, config)
+    assert not result.ok and message in result.message, result.message
+    assert proxy.state.config_gen == 1
+    assert await asyncio.to_thread(chat, proxy.url) == 200
+    assert len(read_records(timing, 1)) == 1  # the log was opened anew all the same

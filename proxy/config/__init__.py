@@ -50,6 +50,10 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        bad = exc.object[exc.start:exc.start + 1].hex()
+        raise ConfigError(f"{path}: the config file is not UTF-8 text: byte 0x{bad} at offset "
+                          f"{exc.start} (valid: a TOML file in UTF-8)") from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -49,6 +49,8 @@ def string(data: Mapping[str, Any], key: str, dotted: str, default: str,
     value = data.get(key, default)
     if not isinstance(value, str):
         raise ConfigError(f"{dotted}: expected a string, got {show(value)}")
+    if "\0" in value:  # no path, URL or name holds one; the OS refuses it in a path
+        raise ConfigError(f"{dotted}: holds a NUL character (valid: text without NUL)")
     if choices and value not in choices:
         what = dotted.rsplit(".", 1)[-1]
         raise ConfigError(f"{dotted}: unknown {what} {value!r} (valid: {', '.join(choices)})")

@@ -104,10 +104,11 @@ async def reload_config(state: ProxyState, ops: Operations, path: str | Path) ->
         try:
             new = load_config(path)
             await state.apply_config(new)
-        except ConfigError as exc:
-            result = ReloadResult(False, state.config_gen, f"config error: {exc}")
+        except Exception as exc:  # a ConfigError, or a fault slotwise did not foresee in the file
+            what = "config error" if isinstance(exc, ConfigError) else "failed"
+            result = ReloadResult(False, state.config_gen, f"{what}: {exc}")
             log.error("config reload refused, generation %d stays in force: %s",
-                      state.config_gen, result.message)
+                      state.config_gen, result.message, exc_info=not isinstance(exc, ConfigError))
             reopen_timing_log(state)  # a rotation's SIGHUP still moves the log to the new file
         else:
             logging.getLogger().setLevel(new.log.level.upper())
