@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy.cluster.feature import install as install_cluster
 from proxy.config import Config
+from proxy.connector import UpstreamConnector
 from proxy.keep.feature import install as install_keep
 from proxy.listener import CUT_WAIT_S, LISTENER, Listener, ListenerSite, ensure_open_files
 from proxy.ops import guard, lifecycle, metrics, status
@@ -37,8 +38,8 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
     bytes passed on exactly as the upstream sent them."""
     timeout = aiohttp.ClientTimeout(total=None, connect=config.upstream.connect_timeout_s,
                                     sock_read=config.upstream.read_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
-                                     keepalive_timeout=UPSTREAM_IDLE_KEEP_S)
+    connector = UpstreamConnector(limit=0, ttl_dns_cache=300,
+                                  keepalive_timeout=UPSTREAM_IDLE_KEEP_S)
     return aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
                                  skip_auto_headers=("User-Agent", "Content-Type"))
 

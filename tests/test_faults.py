@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,6 +12,7 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.connector import bodiless_head_end
 from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
 from tests.helpers import read_records, serve_app
@@ -145,3 +148,74 @@ async def test_headers_pass_as_a_reverse_proxy_passes_them(fake_url: str,
     proxy.stop()
     (rec,) = read_records(proxy)
     assert rec["id"] == rid and rec["client"] == "ann" and rec["purpose"] == "chat"
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(*answer: bytes) -> AsyncIterator[str]:
+    """An upstream that answers every request with the bytes given, each part in a write of its
+    own 50 ms after the last, then keeps the connection open (as llama-server does)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: *(\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+            for i, part in enumerate(answer):
+                await asyncio.sleep(0.05 if i else 0)
+                writer.write(part)
+                await writer.drain()
+            await reader.read()  # until slotwise closes its end
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+# llama-server's /cors-proxy relaying a 204 writes a chunked body's terminator after the head
+# (llama.cpp's test_mcp_proxy_no_content, issue #26598): no 204 may carry a body.
+NO_CONTENT = (b"HTTP/1.1 204 No Content\r\nAccess-Control-Allow-Origin: *\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+@pytest.mark.parametrize("parts", [(NO_CONTENT + b"0\r\n\r\n",), (NO_CONTENT, b"0\r\n\r\n")],
+                         ids=["in-one-read", "terminator-later"])
+async def test_a_204_with_a_stray_chunked_terminator_is_passed_on_as_the_204_it_is(
+        start_proxy: StartProxy, caplog: pytest.LogCaptureFixture, parts: tuple[bytes, ...]) -> None:
+    async with raw_upstream(*parts) as url:
+        proxy = start_proxy(url, access={"allow": ["POST /cors-proxy"]})
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):  # the connection the stray bytes spoilt is not used again
+                async with session.post(proxy.url + "/cors-proxy?url=http://127.0.0.1:1/",
+                                        json={}) as response:
+                    assert response.status == 204
+                    assert await response.read() == b""
+    proxy.stop()
+    assert [(r["status"], r["outcome"]) for r in read_records(proxy)] == [(204, "done")] * 2
+    assert "Traceback" not in caplog.text and "inside slotwise" not in caplog.text
+
+
+async def test_an_answer_that_is_not_http_is_slotwise_502_naming_the_upstream_problem(
+        start_proxy: StartProxy, caplog: pytest.LogCaptureFixture) -> None:
+    async with raw_upstream(b"SSH-2.0-OpenSSH_9.6\r\n\r\n") as url:
+        proxy = start_proxy(url)
+        async with aiohttp.ClientSession() as session, session.get(proxy.url + "/props") as response:
+            assert response.status == 502
+            assert response.headers["X-Slotwise-Error"] == "slotwise_bad_upstream_stream"
+            message = (await response.json())["error"]["message"]
+    assert "the upstream's answer is not valid HTTP" in message and "127.0.0.1" not in message
+    proxy.stop()
+    (rec,) = read_records(proxy)
+    assert rec["status"] == 502 and rec["outcome"] == "upstream_error"
+    assert "Traceback" not in caplog.text and "inside slotwise" not in caplog.text
+
+
+@pytest.mark.parametrize("data, end", [
+    (b"HTTP/1.1 204 No Content\r\n\r\n0\r\n\r\n", 27), (b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n", 38),
+    (b"HTTP/1.1 204 No Content\r\n", None), (b"HTTP/1.1 200 OK\r\n\r\n0\r\n\r\n", None),
+    (b"HTTP/1.1 2040 x\r\n\r\n", None), (b"0\r\n\r\nHTTP/1.1 204 x\r\n\r\n", None)])
+def test_the_head_of_a_bodiless_answer_is_found_only_whole_and_at_the_start(
+        data: bytes, end: int | None) -> None:
+    assert bodiless_head_end(data) == end

@@ -44,6 +44,17 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: Any, *
     except DEAD_CONNECTION as exc:
         raise UpstreamUnavailable(f"the upstream closed the connection before answering "
                                   f"({type(exc).__name__})") from exc
+    except aiohttp.ClientResponseError as exc:  # its head could not be parsed
+        raise BadUpstreamStream(f"the upstream's answer is not valid HTTP: {parse_error(exc)}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnavailable(f"the upstream could not be asked ({type(exc).__name__})") from exc
+
+
+def parse_error(exc: aiohttp.ClientResponseError) -> str:
+    """The parser's reason, without the excerpt of the upstream's bytes aiohttp appends to it, and
+    without the URL (the upstream's address is not for clients)."""
+    first = exc.message.strip().splitlines()[0].rstrip(":") if exc.message.strip() else ""
+    return first or f"HTTP {exc.status}"
 
 
 class Relay:
@@ -69,7 +80,7 @@ class Relay:
             return await self.upstream.content.readany()
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise BadUpstreamStream("the upstream went silent mid-response") from exc
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        except aiohttp.ClientError as exc:
             raise BadUpstreamStream(
                 f"the upstream broke off the response ({type(exc).__name__})") from exc
 
