@@ -55,9 +55,30 @@ class TestRule1PublicPaths:
     def test_health_needs_no_key(self, path: str) -> None:
         assert decide(access(**CLIENTS), UP, "GET", path, NONE) == Allow(swap_credentials=True)
 
-    @pytest.mark.parametrize("path", ["/v1/models", "/"])
+    @pytest.mark.parametrize("path", ["/v1/models", "/props", "/slots", "/metrics", "/models/sse",
+                                      "/v1/stream", "/props/x.js", "/v1/x.json", "/%70rops",
+                                      "/app/../props", "/completion"])
     def test_other_paths_need_a_key_as_llama_server_wants_one(self, path: str) -> None:
         assert isinstance(decide(access(), UP, "GET", path, NONE), Refuse)
+
+    @pytest.mark.parametrize("path", ["/", "/index.html", "/sw.js", "/manifest.webmanifest",
+                                      "/_app/version.json", "/_app/immutable/app.3f9a.js",
+                                      "/secret.txt?x=1"])
+    @pytest.mark.parametrize("rules", [access(), access(**CLIENTS)], ids=["upstream-key", "clients"])
+    def test_the_web_ui_s_files_go_up_with_no_key_for_llama_server_to_decide(
+            self, path: str, rules: AccessConfig) -> None:
+        for headers in (NONE, bearer("guess")):
+            allowed = decide(rules, UP, "GET", path, headers)
+            assert allowed == Allow(strip_credentials=True)
+            assert allowed.upstream_auth({"Authorization": f"Bearer {UP}"}) == {}
+        assert decide(rules, UP, "HEAD", path, NONE) == Allow(strip_credentials=True)
+        assert decide(rules, UP, "POST", path, NONE).status == 401  # type: ignore[union-attr]
+
+    def test_a_ui_file_with_a_known_key_goes_with_the_servers_key(self) -> None:
+        allowed = decide(access(**CLIENTS), UP, "GET", "/sw.js", bearer("alice-key"))
+        assert allowed == Allow(client="alice", swap_credentials=True)
+        assert allowed.upstream_auth({"Authorization": f"Bearer {UP}"}) == {
+            "Authorization": f"Bearer {UP}"}
 
     def test_a_preflight_needs_no_key_even_on_an_admin_path(self) -> None:
         assert isinstance(decide(access(**CLIENTS), "", "OPTIONS", "/lora-adapters", NONE), Allow)

@@ -129,3 +129,62 @@ async def test_own_calls_carry_the_key_and_clients_must_present_it(
         assert fake.auth_of("GET", "/lora-adapters") in ([], ["Bearer k-two"])
         assert (await asyncio.to_thread(read_records, proxy, 6))[-1]["est_prompt_tokens"] == 3
     await asyncio.to_thread(proxy.stop)  # on this loop's side: the fake upstream must answer
+
+
+class WebUiServer:
+    """Answers like llama-server with `--api-key` and a web UI built in: its key check lets pass
+    `/health`, `/v1/health`, `/` and each embedded file (tools/server/server-http.cpp,
+    `get_public_endpoints`); everything else wants the key. Records each request's credentials."""
+
+    FILES = ("/sw.js", "/manifest.webmanifest", "/_app/version.json", "/_app/immutable/app.3f9a.js")
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, bool]] = []
+        """(path, credentials, came through slotwise)"""
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.auth])
+        for path in ("/", "/index.html", *self.FILES):
+            app.router.add_get(path, answer({"file": path}))
+        app.router.add_get("/props", answer({"total_slots": 2}))
+        app.router.add_get("/v1/models", answer({"data": []}))
+        return app
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization") or request.headers.get("X-Api-Key")
+        self.seen.append((request.path, given, "X-Forwarded-For" in request.headers))
+        public = {"/health", "/v1/health", "/", "/index.html", *self.FILES}
+        if request.path not in public and given != f"Bearer {KEY}":
+            return web.json_response({"error": {"code": 401, "message": "Invalid API Key",
+                                                "type": "authentication_error"}}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+
+UI_PATHS = ("/", "/index.html", *WebUiServer.FILES, "/secret.txt", "/props", "/v1/models",
+            "/props/x.js")
+
+
+@pytest.mark.parametrize("access", [{}, {"clients": [{"name": "alice", "key": "alice-key"}]}],
+                         ids=["upstream-key", "client-keys"])
+async def test_the_web_ui_loads_without_a_key_exactly_as_llama_server_serves_it(
+        start_proxy: StartProxy, access: dict[str, Any]) -> None:
+    server = WebUiServer()
+    async with serve_app(server.app()) as url, aiohttp.ClientSession() as session:
+        proxy = await asyncio.to_thread(start_proxy, url, upstream={"api_key": KEY}, access=access)
+        for path in UI_PATHS:  # keyless, and with a key the server does not know
+            for headers in ({}, {"Authorization": "Bearer guess"}):
+                async with session.get(url + path, headers=headers) as direct, \
+                        session.get(proxy.url + path, headers=headers) as proxied:
+                    assert (proxied.status, path) == (direct.status, path)
+                    if direct.status == 200:
+                        assert await proxied.json() == await direct.json()
+        # llama-server's own check decided: what went up from slotwise carried no key at all (not
+        # the server's), and the API routes were refused by slotwise itself, before going up
+        through = {(path, given) for path, given, proxied in server.seen if proxied}
+        assert through == {(path, None) for path in UI_PATHS[:-3]}
+    await asyncio.to_thread(proxy.stop)
+    records = await asyncio.to_thread(read_records, proxy)
+    refused = {r["endpoint"] for r in records if r["outcome"] == "unauthorized"}
+    assert refused == {"/props", "/v1/models", "/props/x.js"}

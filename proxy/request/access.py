@@ -3,8 +3,12 @@ give `Allow` (with the client's name) or `Refuse` (401 or 403, and what to do ab
 handler asks `decide` before it reads a byte of the body; slotwise's own pages ask `decide_page`.
 
 Rules of `decide` (tests/test_access.py follows them one to one):
-1. CORS preflights (OPTIONS) and `GET /health`, `/v1/health` need no key, as in llama-server (whose
-   build here wants its key for `/v1/models` and `/` too).
+1. CORS preflights (OPTIONS) and `GET /health`, `/v1/health` need no key, as in llama-server. Its
+   web UI's files need none either: llama-server lets pass `/` and each file its build embeds
+   (`get_public_endpoints` in tools/server/server-http.cpp), a list slotwise cannot know. So a
+   `GET`/`HEAD` without a known key for `/` or a file name (a last segment with a dot) that is none
+   of llama-server's API routes goes upstream with no credentials at all, and llama-server answers
+   it as it answers anyone: its UI's files, or (with its own --api-key) its own 401.
 2. With client keys (`access.clients`), every other request must carry one of them or the admin
    key, as `Authorization: Bearer KEY` or `x-api-key: KEY`; else 401. The key's name is the client.
 3. Without client keys but with `[upstream] api_key`, it must carry that key or the admin key; else
@@ -38,7 +42,11 @@ from proxy.request.admin_endpoints import ADMIN_ENDPOINTS, AdminEndpoint
 from proxy.request.errors import Forbidden, ProxyError, Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
-"""What llama-server answers without a key."""
+"""What llama-server answers without a key, besides its web UI's files."""
+API_GET_ROUTES = ("/metrics", "/props", "/models", "/lora-adapters", "/slots", "/cors-proxy",
+                  "/tools", "/v1")
+"""llama-server's GET routes that are not files (tools/server/server.cpp: `/models/sse`,
+`/v1/models` and `/v1/stream` are below two of them), and everything below them: never a UI file."""
 API_CHALLENGE = 'Bearer realm="slotwise"'
 PAGES_CHALLENGE = 'Basic realm="slotwise pages", charset="UTF-8"'
 """Basic, so that a browser asks for the token (as the password) and sends it on every poll."""
@@ -51,6 +59,15 @@ class Allow:
     """The name of the key the request carried (the record's `client`); None: no key named it."""
     swap_credentials: bool = False
     """Rule 6: forward with the upstream's key instead of the client's Authorization/x-api-key."""
+    strip_credentials: bool = False
+    """Rule 1, a web UI file: forward with no credentials at all (llama-server's own check decides)."""
+
+    def upstream_auth(self, server: Mapping[str, str]) -> Mapping[str, str] | None:
+        """The credentials to forward instead of the client's (`server`: the upstream's key), or
+        None to forward the client's as sent."""
+        if self.strip_credentials:
+            return {}
+        return server if self.swap_credentials else None
 
 
 @dataclass(frozen=True)
@@ -80,9 +97,12 @@ def decide(access: AccessConfig, upstream_key: str, method: str, raw_path: str,
     keys_checked = bool(access.clients) or bool(upstream_key)
     allow = Allow(client=None if holder in (None, _UPSTREAM) else holder,
                   swap_credentials=keys_checked or holder == ADMIN_CLIENT)
-    if method == "OPTIONS" or (method in ("GET", "HEAD") and paths & PUBLIC_PATHS):
+    reading = method in ("GET", "HEAD")
+    if method == "OPTIONS" or (reading and paths <= PUBLIC_PATHS):
         return allow
     if keys_checked and holder is None:
+        if reading and all(ui_file(path) for path in paths):
+            return Allow(strip_credentials=True)
         return Refuse(401, _missing_key(access, bool(given)), API_CHALLENGE)
     endpoint = admin_endpoint(method, paths)
     if endpoint is not None and holder != ADMIN_CLIENT and endpoint.name not in access.allow:
@@ -97,6 +117,16 @@ def _missing_key(access: AccessConfig, sent: bool) -> str:
              else "the key of [upstream] api_key (llama-server's --api-key)")
     what = "the key sent is not known" if sent else "this request carries no key"
     return f"{what}: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') with {which}"
+
+
+def ui_file(path: str) -> bool:
+    """Whether a normal path may be one of llama-server's web UI files: `/`, or a file name (its last
+    segment has a dot) that is neither one of its API routes nor below one."""
+    if path == "/":
+        return True
+    if any(path == route or path.startswith(route + "/") for route in API_GET_ROUTES):
+        return False
+    return "." in path.rsplit("/", 1)[-1]
 
 
 def admin_endpoint(method: str, paths: set[str]) -> AdminEndpoint | None:

@@ -115,8 +115,10 @@ class Exchange:
             request.headers, request.headers.items(), rid=flight.id, peer=request.remote,
             scheme=request.scheme, body_rewritten=isinstance(data, bytes),
             measured=reads_body(flight.kind))
-        if isinstance(self.access, Allow) and self.access.swap_credentials:
-            headers = forwarded_headers(headers, state.config.upstream.auth_headers())
+        auth = self.access.upstream_auth(state.config.upstream.auth_headers()) \
+            if isinstance(self.access, Allow) else None
+        if auth is not None:
+            headers = forwarded_headers(headers, auth)
         observer = Observer(flight, state.registry, drop_progress=drop_progress)
         observer.sent(state.clock())
         upstream = await open_upstream(
