@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -21,6 +22,7 @@ from proxy.ops.lora_watch import install as install_lora
 from proxy.prefill.feature import install as install_prefill
 from proxy.record.timing_log import TimingLog
 from proxy.request.handler import handle
+from proxy.request.headers import REQUEST_ID_HEADER, client_request_id
 from proxy.request.rejected import ParserErrors
 from proxy.state import STATE, ProxyState
 from proxy.warm.feature import install as install_warm
@@ -42,6 +44,14 @@ def upstream_session(config: Config) -> aiohttp.ClientSession:
                                   keepalive_timeout=UPSTREAM_IDLE_KEEP_S)
     return aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
                                  skip_auto_headers=("User-Agent", "Content-Type"))
+
+
+async def say_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """An answer slotwise makes itself (/health, /get_load, its pages and errors) says the client's
+    `X-Request-Id`, made a safe token, or a new id, as a forwarded answer does; they write no
+    record, so the id is not made unique. Forwarded answers say their record's id already."""
+    if REQUEST_ID_HEADER not in response.headers:
+        response.headers[REQUEST_ID_HEADER] = client_request_id(request.headers) or uuid.uuid4().hex[:16]
 
 
 # Each feature installs itself on the application: its routes, and a cleanup context that runs
@@ -73,6 +83,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
     for install in FEATURES:
         install(app)
     app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_response_prepare.append(say_request_id)
     return app
 
 

@@ -156,3 +156,21 @@ async def test_a_body_that_does_not_decode_is_a_clear_400_with_one_warning_line(
     (record,) = read_records(proxy, 1)
     assert (record["outcome"], record["error"]) == ("bad_request", expected)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/health"), ("GET", "/get_load"), ("GET", "/metrics"), ("GET", "/slotwise/status"),
+    ("GET", "/slotwise/"), ("GET", "/get_load?format=nope"), ("GET", "/slotwise/warm/no-such-id"),
+    ("POST", "/render")])
+async def test_slotwise_s_own_answers_say_the_client_s_request_id(
+        proxy: ProxyThread, method: str, path: str) -> None:
+    """As the answers it forwards do: a caller matches an answer to its request, or to its own logs,
+    by the id it sent (the answers slotwise makes itself write no record, so the id is not made
+    unique: it is the client's, made a safe token)."""
+    async with aiohttp.ClientSession() as session:
+        headers = {"X-Request-Id": "router-check 7"}
+        async with session.request(method, proxy.url + path, headers=headers, data=b"{") as answer:
+            assert answer.headers["X-Request-Id"] == "router-check_7", answer.status
+        async with session.request(method, proxy.url + path, data=b"{") as answer:
+            made = answer.headers["X-Request-Id"]  # none sent: one made up, as for a forwarded one
+            assert len(made) == 16 and int(made, 16) >= 0

@@ -11,14 +11,12 @@ second would flood the log).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.request.headers import REQUEST_ID_HEADER
 from proxy.state import STATE, ProxyState
 from proxy.upstream import send
 
@@ -62,8 +60,7 @@ async def health(request: web.Request) -> web.Response:
     else:
         answer = await ask_upstream(state)
     response = web.Response(status=answer.status, body=answer.body,
-                            headers={REQUEST_ID_HEADER: uuid.uuid4().hex[:16],
-                                     "Cache-Control": "no-store"})
+                            headers={"Cache-Control": "no-store"})
     if answer.content_type:
         response.headers["Content-Type"] = answer.content_type
     return response
