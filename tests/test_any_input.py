@@ -174,3 +174,14 @@ async def test_slotwise_s_own_answers_say_the_client_s_request_id(
         async with session.request(method, proxy.url + path, data=b"{") as answer:
             made = answer.headers["X-Request-Id"]  # none sent: one made up, as for a forwarded one
             assert len(made) == 16 and int(made, 16) >= 0
+
+
+async def test_a_messages_request_is_recorded_for_its_metadata_user_id(proxy: ProxyThread) -> None:
+    """Anthropic's SDK and Claude clients name the end user in `metadata.user_id` (its Messages API
+    has no `user`); LiteLLM passes it on for /v1/messages."""
+    body = {"model": "m", "max_tokens": 2, "metadata": {"user_id": "user_7f3a\u0007"},
+            "messages": [{"role": "user", "content": "hi"}]}
+    reply = await asyncio.to_thread(http, "POST", proxy.url + "/v1/messages", body)
+    assert reply.status_code == 200
+    (record,) = read_records(proxy, 1)
+    assert record["kind"] == "messages" and record["client"] == f"user_7f3a{REPLACEMENT}"

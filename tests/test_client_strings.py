@@ -10,6 +10,7 @@ import orjson
 from proxy.record.log_limit import LogLimit
 from proxy.record.schema import MAX_LORA_BYTES, build_record
 from proxy.request.clientstrings import MAX_CHARS, REPLACEMENT, clean_id, clean_text, safe_text
+from proxy.request.endpoints import Kind
 from proxy.request.ids import RequestIds
 from proxy.request.rewrite import client_key
 from tests.helpers import make_flight
@@ -54,6 +55,17 @@ def test_the_body_user_is_capped_like_the_header() -> None:
     key = client_key({"user": "u" * 1_000_000}, None)
     assert key is not None and len(key) == MAX_CHARS
     assert client_key({"user": "bob"}, "alice") == "alice"
+
+
+def test_anthropic_s_metadata_user_id_names_the_client_of_a_messages_body() -> None:
+    body = {"metadata": {"user_id": "ann\n" + "u" * 500}, "user": "the-user-field"}
+    key = client_key(body, None, Kind.MESSAGES)
+    assert key is not None and key.startswith(f"ann{REPLACEMENT}u") and len(key) == MAX_CHARS
+    assert client_key(body, "header-wins", Kind.MESSAGES) == "header-wins"
+    assert client_key({"metadata": {"user_id": "ann"}}, None, Kind.CHAT) is None  # OpenAI's metadata
+    for odd in ({"metadata": "ann"}, {"metadata": {"user_id": 7}}, {"metadata": None}, {}):
+        assert client_key(odd, None, Kind.MESSAGES) is None
+    assert client_key({"user": "bob"}, None, Kind.MESSAGES) == "bob"  # without metadata, as before
 
 
 class TestRequestIds:

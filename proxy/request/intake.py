@@ -49,7 +49,8 @@ class Intake:
         body = self._decode(raw)
         flight = self.flight
         flight.stream = body.get("stream") is True
-        flight.client = client_key(body, flight.client) or router_client(self.request.headers)
+        flight.client = (client_key(body, flight.client, flight.kind)
+                         or router_client(self.request.headers))
         rewritten = rewrite_body(flight.kind, body, forced_lora=forced_lora)
         flight.lora_in, flight.lora_out = rewritten.lora_in, rewritten.lora_out
         flight.lora_rewritten = rewritten.lora_rewritten

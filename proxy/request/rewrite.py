@@ -53,7 +53,12 @@ def rewrite_body(kind: Kind, body: dict[str, Any], *,
     )
 
 
-def client_key(body: dict[str, Any], header: str | None) -> str | None:
-    """Who the request is for: the `X-Slotwise-Client` header (already cleaned), else the body's
-    `user`, capped and made printable like the header."""
-    return header or clean_text(body.get("user"))
+def client_key(body: dict[str, Any], header: str | None, kind: Kind | None = None) -> str | None:
+    """Who the request is for: the `X-Slotwise-Client` header (already cleaned), else, in an
+    Anthropic Messages body, its `metadata.user_id` (that API's `user`), else the body's `user`;
+    capped and made printable like the header."""
+    if header:
+        return header
+    metadata = body.get("metadata") if kind is Kind.MESSAGES else None
+    named = clean_text(metadata.get("user_id")) if isinstance(metadata, dict) else None
+    return named or clean_text(body.get("user"))
