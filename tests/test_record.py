@@ -7,7 +7,7 @@ import weakref
 
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
-from proxy.record.schema import Overlap, overlaps
+from proxy.record.schema import MAX_OVERLAPS, Overlap, build_record, overlaps
 from tests.helpers import make_flight
 
 
@@ -102,3 +102,40 @@ def test_a_long_request_keeps_the_figures_of_finished_peers_not_the_requests() -
     assert len(seen) == 100
     assert seen[5] == Overlap(id="short-5", computed_tokens=10, from_ms=5100.0, to_ms=5500.0,
                               decode_events=0, decode_ms=0.0)
+
+
+def test_a_long_request_lists_its_biggest_overlaps_and_counts_them_all() -> None:
+    """3,000 overlaps made one record a 363 KiB line: the record lists the `MAX_OVERLAPS` biggest
+    prefills (the ones the report's "decode while a long prefill ran" needs), in time order, and
+    `overlaps_total` counts every one."""
+    registry = Registry()
+    stream = flight("stream", 0.0)
+    registry.add(stream, 0.0)
+    for i in range(3000):
+        t = 0.01 * i
+        peer = flight(f"peer-{i}", t)
+        registry.add(peer, t)
+        registry.move(peer, Phase.PREFILLING, t)
+        peer.computed_tokens = (i * 7919) % 3000  # every count from 0 to 2,999 once, in no order
+        registry.move(peer, Phase.DECODING, t + 0.005)
+        registry.finish(peer, t + 0.006)
+    stream.timer.on_end(40.0)
+    record = build_record(stream)
+    assert record.overlaps_total == 3000 and len(overlaps(stream)) == 3000
+    assert len(record.overlaps) == MAX_OVERLAPS
+    assert sorted(o.computed_tokens or 0 for o in record.overlaps) == list(
+        range(3000 - MAX_OVERLAPS, 3000))
+    assert [o.from_ms for o in record.overlaps] == sorted(o.from_ms for o in record.overlaps)
+    assert len(record.to_json()) < 8 * 1024
+
+
+def test_a_request_with_few_overlaps_lists_them_all() -> None:
+    registry = Registry()
+    stream, cold = flight("stream", 0.0), flight("cold", 1.0)
+    registry.add(stream, 0.0)
+    registry.add(cold, 1.0)
+    registry.move(cold, Phase.PREFILLING, 1.0)
+    registry.finish(cold, 2.0)
+    stream.timer.on_end(3.0)
+    record = build_record(stream)
+    assert record.overlaps == overlaps(stream) and record.overlaps_total == 1

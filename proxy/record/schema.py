@@ -20,6 +20,9 @@ MAX_PATH_CHARS = 512
 MAX_ERROR_CHARS = 1000
 MAX_LORA_BYTES = 2048
 """A `lora` field larger than this as JSON is not copied into the record (it is the client's value)."""
+MAX_OVERLAPS = 32
+"""The most overlaps one record lists (its biggest prefills); `overlaps_total` counts them all. A
+long request beside thousands of short ones made one record a line of hundreds of KiB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class Record:
     progress_added: bool = False
     inflight_at_start: tuple[str, ...] = ()
     overlaps: tuple[Overlap, ...] = ()
+    overlaps_total: int = 0
     prefill_plan: str = "none"
     held_ms: float = 0.0
     pieces: int = 0
@@ -106,6 +110,7 @@ def build_record(flight: Flight) -> Record:
     always be written as JSON whatever reached the `Flight`."""
     timer, prefill = flight.timer, flight.prefill
     figures = timer.figures()
+    every_overlap = overlaps(flight)
     return Record(
         id=clean_id(flight.id, MAX_CHARS + 8) or "-",
         start=datetime.fromtimestamp(flight.wall_start, UTC).isoformat(timespec="milliseconds"),
@@ -121,7 +126,8 @@ def build_record(flight: Flight) -> Record:
         fed_tokens=prefill.fed_tokens, timings=flight.timings,
         lora_in=bounded_lora(flight.lora_in), lora_out=bounded_lora(flight.lora_out),
         lora_rewritten=flight.lora_rewritten, progress_added=flight.progress_added,
-        inflight_at_start=tuple(flight.inflight_at_start), overlaps=overlaps(flight),
+        inflight_at_start=tuple(flight.inflight_at_start), overlaps=biggest(every_overlap),
+        overlaps_total=len(every_overlap),
         prefill_plan=str(prefill.plan), held_ms=prefill.held_ms, pieces=prefill.pieces,
         est_prompt_tokens=prefill.est_prompt_tokens, est_new_tokens=prefill.est_new_tokens,
         policy_note=safe_text(prefill.note, MAX_ERROR_CHARS), node=flight.node,
@@ -174,6 +180,15 @@ def overlaps(flight: Flight) -> tuple[Overlap, ...]:
             to_ms=round((hi - timer.arrived) * 1000.0, 1),
             decode_events=events, decode_ms=round(decode_s * 1000.0, 1)))
     return tuple(result)
+
+
+def biggest(found: tuple[Overlap, ...], limit: int = MAX_OVERLAPS) -> tuple[Overlap, ...]:
+    """The `limit` overlaps with the most computed tokens (an unknown count counts 0; the earlier
+    first among equals), in time order."""
+    if len(found) <= limit:
+        return found
+    ranked = sorted(range(len(found)), key=lambda i: (-(found[i].computed_tokens or 0), i))
+    return tuple(found[i] for i in sorted(ranked[:limit]))
 
 
 def _decode_inside(tokens: list[float], lo: float, hi: float) -> tuple[int, float]:
