@@ -4,6 +4,7 @@ a cleanup context; the catch-all route last, after slotwise's own pages.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -54,6 +55,19 @@ async def say_request_id(request: web.Request, response: web.StreamResponse) -> 
         response.headers[REQUEST_ID_HEADER] = client_request_id(request.headers) or uuid.uuid4().hex[:16]
 
 
+REFUSAL_SUMMARIES_EVERY_S = 5.0
+"""How often the summaries of refused requests whose minute is over are written."""
+
+
+async def write_refusal_summaries(state: ProxyState) -> None:
+    while True:
+        await asyncio.sleep(REFUSAL_SUMMARIES_EVERY_S)
+        try:
+            state.write_refusal_summaries()
+        except Exception:  # the next round tries again; the log says why
+            log.exception("writing the summaries of refused requests failed")
+
+
 # Each feature installs itself on the application: its routes, and a cleanup context that runs
 # after the core one below (so `app[STATE]` exists). Order matters only for routes.
 Feature = Callable[[web.Application], None]
@@ -73,10 +87,13 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         state = ProxyState(config=config, timing_log=timing_log, session=session, clock=clock)
         app[STATE] = state
         state.reload_hooks.append(lambda new: listener.apply(new.listen))
+        summaries = asyncio.create_task(write_refusal_summaries(state))
         try:
             yield
         finally:
+            summaries.cancel()
             await session.close()
+            state.write_refusal_summaries(every=True)
             state.timing_log.close()
 
     app.cleanup_ctx.append(lifecycle)

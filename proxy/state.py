@@ -16,6 +16,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.record.inflight import Registry
+from proxy.record.refusals import RefusalSampler, summary_record
 from proxy.record.schema import Record
 from proxy.record.timing_log import TimingLog
 from proxy.request.admission import Gate, OpenGate
@@ -51,6 +52,8 @@ class ProxyState:
     """Called with every finished timing record (metrics, the status page)."""
     stopping: bool = False
     """Set at SIGTERM: requests cut when the grace period ends are recorded as such."""
+    refusals: RefusalSampler = field(default_factory=RefusalSampler)
+    """Which refused requests' records are written whole, and the summaries of the others."""
 
     def __post_init__(self) -> None:
         self.upstream = UpstreamClient(self.session, lambda: self.upstream_url, self.own_headers)
@@ -64,6 +67,21 @@ class ProxyState:
         self.config_gen += 1
         for hook in self.reload_hooks:
             hook(new)
+
+    def write_record(self, record: Record, peer: str | None) -> None:
+        """The one record of a finished request: to the timing log (a refusal perhaps only counted,
+        for a summary: `proxy/record/refusals.py`), and to every observer."""
+        if self.refusals.admit(record, peer, self.clock()):
+            self.timing_log.write(record)
+        self.observe_record(record)
+
+    def write_refusal_summaries(self, *, every: bool = False) -> None:
+        """The summaries of the refusals not written whole, whose minute is over (`every`: all of
+        them, slotwise is stopping). They stand for requests already observed: the log only."""
+        summaries = self.refusals.flush() if every else self.refusals.due(self.clock())
+        for summary in summaries:
+            rid = self.ids.issue(None, lambda taken: self.registry.get(taken) is not None)
+            self.timing_log.write(summary_record(summary, rid, self.refusals.whole))
 
     def observe_record(self, record: Record) -> None:
         """Hand a finished record to every observer; a failing observer never harms the request."""

@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.record.refusals import WHOLE_PER_MINUTE, requests_in
 from proxy.request.clientstrings import MAX_CHARS, REPLACEMENT
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
@@ -115,16 +116,20 @@ async def test_a_request_id_is_made_a_safe_token_and_the_response_says_the_id_us
     assert record["id"] == "my_id_"
 
 
-async def test_requests_the_http_parser_rejects_are_one_warning_line_and_one_record_each(
+async def test_requests_the_http_parser_rejects_are_one_warning_line_and_each_in_the_records(
         proxy: ProxyThread, caplog: pytest.LogCaptureFixture) -> None:
     bad = b"GET /health HTTP/1.1\r\nHost: slotwise\r\nX-Bad\x01Name: 1"
     with caplog.at_level(logging.DEBUG):
         answers = [await send_raw(proxy.url, bad) for _ in range(15)]
-        records = read_records(proxy, 15)
+        whole = read_records(proxy, WHOLE_PER_MINUTE)
+        proxy.stop()  # the summary of the others is written when their minute ends, or at the stop
     assert {status for status, _, _ in answers} == {400}
-    assert len(records) == 15 and len({r["id"] for r in records}) == 15
-    assert {(r["outcome"], r["status"], r["kind"]) for r in records} == {("bad_request", 400, "other")}
-    assert records[0]["error"].startswith("not valid HTTP: ")
+    records = read_records(proxy)
+    assert records[:-1] == whole and len(whole) == WHOLE_PER_MINUTE
+    assert len({r["id"] for r in records}) == len(records) and sum(map(requests_in, records)) == 15
+    assert {(r["outcome"], r["status"], r["kind"]) for r in whole} == {("bad_request", 400, "other")}
+    assert (records[-1]["kind"], records[-1]["refused_count"]) == ("refusals", 15 - WHOLE_PER_MINUTE)
+    assert whole[0]["error"].startswith("not valid HTTP: ")
     loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert loud == [], [r.getMessage() for r in loud]
     lines = [r for r in caplog.records if r.levelno == logging.WARNING and "not valid HTTP" in r.getMessage()]

@@ -26,6 +26,7 @@ from aiohttp import web
 from proxy.bench.harness import SlotwiseProcess
 from proxy.bench.soak_clients import Clients, Limits, Tally
 from proxy.bench.soak_upstream import GAPS_S, make_app
+from proxy.record.refusals import requests_in
 
 LIMITS = Limits(header_timeout_s=1.0, body_timeout_s=1.0)
 LONG_S = 5.0
@@ -45,6 +46,7 @@ class SoakFigures:
     sent: int
     """Requests whose head reached slotwise."""
     records: int
+    """The requests the timing log stands for (a summary of refusals counts its `refused_count`)."""
     requests: dict[str, int]
     outcomes: dict[str, int]
     silent_sockets: int
@@ -99,9 +101,12 @@ async def _soak(seconds: float, clients: int, work_dir: Path) -> SoakFigures:
         await asyncio.to_thread(proxy.stop)
         await runner.cleanup()
     records = proxy.records()
+    outcomes: Counter[str] = Counter()
+    for record in records:  # a summary of refusals stands for its count (docs/record.md)
+        outcomes[str(record.get("outcome"))] += requests_in(record)
     return SoakFigures(
-        seconds=seconds, sent=tally.sent, records=len(records), requests=dict(tally.requests),
-        outcomes=dict(Counter(str(r.get("outcome")) for r in records)),
+        seconds=seconds, sent=tally.sent, records=outcomes.total(), requests=dict(tally.requests),
+        outcomes=dict(outcomes),
         silent_sockets=tally.silent_sockets, silent_closed=tally.silent_closed,
         unexpected_count=tally.unexpected_count, unexpected=tally.unexpected, rss_mb=rss)
 

@@ -179,6 +179,13 @@ class LiveCollector:
         yield CounterMetricFamily("slotwise_timing_records_lost",
                                   "Timing records the timing log could not take (a full disk): "
                                   "counted, never written later", value=self.state.timing_log.lost)
+        not_recorded = CounterMetricFamily(
+            "slotwise_refusals_not_recorded",
+            "Refused requests (by outcome) counted in a summary record instead of written one by one "
+            "(past the first few per peer and minute)", labels=["outcome"])
+        for outcome, count in sorted(self.state.refusals.not_written.items()):
+            not_recorded.add_metric([outcome], count)
+        yield not_recorded
 
 
 def server_queue_wait_ms(record: Record) -> float | None:

@@ -89,6 +89,8 @@ class Record:
     warm_ids: tuple[str, ...] = ()
     restored_tokens: int = 0
     kv_bytes: int = 0
+    refused_count: int = 0
+    peer: str | None = None
 
     def to_json(self) -> bytes:
         """The timing log's line for this record, newline included."""

@@ -8,6 +8,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from proxy.record.refusals import requests_in
 from proxy.report.model import Row, Table, quantile
 from proxy.report.records import RecordLine, fed_tokens, new_tokens, num, overlap_tokens
 
@@ -69,8 +70,10 @@ def _split_decode(record: RecordLine, threshold: int) -> tuple[tuple[float, floa
 
 def requests_table(records: Sequence[RecordLine]) -> Table:
     """Outcomes and LoRA rewrites: counts only."""
-    rows = [Row("requests", len(records), ())]
-    outcomes = Counter(str(r.get("outcome")) for r in records)
+    outcomes: Counter[str] = Counter()
+    for record in records:  # a summary of refusals stands for its `refused_count` requests
+        outcomes[str(record.get("outcome"))] += requests_in(record)
+    rows = [Row("requests", outcomes.total(), ())]
     rows += [Row(f"outcome {k}", v, ()) for k, v in sorted(outcomes.items())]
     rows.append(Row("LoRA rewritten", sum(1 for r in records if r.get("lora_rewritten")), ()))
     return Table("requests", "Requests and LoRA rewrites", (), (), tuple(rows), n_label="requests")

@@ -179,5 +179,4 @@ class Exchange:
             log.exception("building the record of %s failed", self.flight.id)
             record = Record(id=self.flight.id, outcome="proxy_error",
                             error="slotwise could not build this record")
-        self.state.timing_log.write(record)
-        self.state.observe_record(record)
+        self.state.write_record(record, self.request.remote)

@@ -66,8 +66,7 @@ class ParserErrors(logging.LoggerAdapter[logging.Logger]):
             id=state.ids.issue(None, lambda taken: state.registry.get(taken) is not None),
             start=datetime.now(UTC).isoformat(timespec="milliseconds"), kind="other", status=400,
             outcome="bad_request", error=f"not valid HTTP: {reason}", config_gen=state.config_gen)
-        state.timing_log.write(record)
-        state.observe_record(record)
+        state.write_record(record, peer if isinstance(peer, str) else None)
 
 
     def told(self, line: str) -> None:
