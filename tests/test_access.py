@@ -22,6 +22,7 @@ from proxy.request.access import (
     Allow,
     Refuse,
     decide,
+    decide_load,
     decide_page,
     exposure,
     forwarded_headers,
@@ -211,6 +212,32 @@ class TestRule6CredentialsSwapped:
 def config(host: str = "127.0.0.1", upstream_key: str = "", **table: Any) -> Any:
     return parse_config({"listen": {"host": host}, "upstream": {"api_key": upstream_key},
                          "access": table})
+
+
+class TestLoad:
+    """`decide_load`: /get_load wants a key where keys are in force (llama-server has no such
+    endpoint; its /health is public, and so is slotwise's)."""
+
+    @staticmethod
+    def config(upstream_key: str = "", **table: Any) -> Any:
+        return parse_config({"upstream": {"api_key": upstream_key} if upstream_key else {},
+                             "access": table})
+
+    def test_without_keys_anyone_may_read_it(self) -> None:
+        assert decide_load(self.config(), "/get_load", NONE) == Allow()
+
+    @pytest.mark.parametrize("key, client", [("alice-key", "alice"), ("page-token", "pages"),
+                                             ("admin-key", "admin")])
+    def test_with_client_keys_a_key_or_the_pages_token(self, key: str, client: str) -> None:
+        config = self.config(UP, **CLIENTS, pages_token="page-token", admin_key="admin-key")
+        assert decide_load(config, "/get_load", bearer(key)) == Allow(client=client)
+        refused = decide_load(config, "/get_load", bearer(UP))  # the server's key is no client's
+        assert isinstance(refused, Refuse) and refused.status == 401
+        assert "a key of [access] clients" in refused.message
+
+    def test_with_the_upstream_key_alone_that_key(self) -> None:
+        assert decide_load(self.config(UP), "/get_load", bearer(UP)) == Allow()
+        assert isinstance(decide_load(self.config(UP), "/get_load", NONE), Refuse)
 
 
 class TestPages:

@@ -19,8 +19,10 @@ from proxy.cluster.node import NODE_HEADER, node_name
 from proxy.cluster.render import RENDER_PATHS, Renderer
 from proxy.config import LOAD_FORMATS
 from proxy.estimate.ids_cache import PromptIdsCache
+from proxy.ops.guard import error_response
 from proxy.ops.metrics import METRICS
 from proxy.prefill.feature import ESTIMATOR
+from proxy.request.access import Refuse, decide_load
 from proxy.request.errors import BadRequest
 from proxy.state import STATE, ProxyState
 
@@ -34,6 +36,9 @@ def current_load(state: ProxyState) -> NodeLoad:
 
 async def get_load(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    verdict = decide_load(state.config, request.path, request.headers)
+    if isinstance(verdict, Refuse):
+        return error_response(verdict.error())
     fmt = request.query.get("format", state.config.cluster.load_format)
     if fmt not in LOAD_FORMATS:
         error = BadRequest(f"GET /get_load: unknown format {fmt!r} (valid: {', '.join(LOAD_FORMATS)})")

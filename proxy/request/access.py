@@ -180,7 +180,28 @@ def forwarded_headers(headers: CIMultiDict[str], upstream_auth: Mapping[str, str
     return swapped
 
 
-# -- slotwise's own pages ---------------------------------------------------------------------------
+# -- slotwise's own answers: the load, the pages ------------------------------------------------------
+
+def decide_load(config: Config, path: str, headers: Mapping[str, str]) -> Allow | Refuse:
+    """May this request read the node's load (`GET /get_load`)? Where keys are in force (`[access]
+    clients`, `[upstream] api_key`), it must carry one of them (a router's), the admin key or the
+    pages token: the load tells anyone how busy the node is and how many requests it holds. llama-
+    server has no such endpoint; its `/health` is public even with `--api-key`, and so is slotwise's."""
+    access, upstream_key = config.access, config.upstream.api_key
+    if not (access.clients or upstream_key):
+        return Allow()
+    keys = [(client.name, client.key) for client in access.clients]
+    if upstream_key and not access.clients:
+        keys.append((_UPSTREAM, upstream_key))
+    keys += [(name, secret) for name, secret in (("pages", access.pages_token),
+                                                 (ADMIN_CLIENT, access.admin_key)) if secret]
+    holder = key_holder(presented(headers), keys)
+    if holder is None:
+        which = "a key of [access] clients" if access.clients else "the key of [upstream] api_key"
+        return Refuse(401, f"{path} needs a key where keys are in force: send 'Authorization: "
+                      f"Bearer KEY' with {which}, [access] admin_key or pages_token", API_CHALLENGE)
+    return Allow(client=None if holder == _UPSTREAM else holder)
+
 
 def is_loopback(host: str) -> bool:
     """Whether slotwise listens only where nobody but this machine can connect."""
