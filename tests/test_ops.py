@@ -4,7 +4,9 @@ and SIGTERM on a real `slotwise serve` process. The real-server versions are in 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from proxy.ops.lifecycle import Operations, reload_config
 from proxy.runner import ProxyThread
 from tests.fake_upstream import make_app
 from tests.helpers import read_records, serve_app
-from tests.served import GRACE_S, Served, serve, write_config
+from tests.served import GRACE_S, SLOTWISE, Served, serve, write_config
 
 
 @pytest.fixture
@@ -145,3 +147,39 @@ async def test_sigterm_cuts_what_outlives_the_grace_period_and_records_it(
         await running
     (rec,) = read_records(timing)
     assert rec["outcome"] == "shutdown" and 0 < rec["events"] < 400
+
+
+def reload_cli(config: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """`slotwise reload`; the config listens on port 0, so it is told the URL."""
+    return subprocess.run([str(SLOTWISE), "reload", "--config", str(config), "--url", url],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NO_COLOR": "1"})
+
+
+@pytest.mark.parametrize("access", [
+    {"clients": [{"name": "ann", "key": "ann-key"}], "pages_token": "page-token"},
+    {"admin_key": "admin-key"}], ids=["client-keys-and-pages-token", "admin-key"])
+async def test_reload_asks_the_status_page_with_the_configured_token(
+        fake_url: str, tmp_path: Path, serving: list[Served], access: dict[str, Any]) -> None:
+    config = write_config(tmp_path / "c.toml", fake_url, tmp_path / "timing.jsonl", access=access)
+    served = await asyncio.to_thread(serve, config)
+    serving.append(served)
+    cli = await asyncio.to_thread(reload_cli, config, served.url)
+    assert cli.returncode == 0, cli.stderr
+    assert "generation 2 in force" in cli.stdout
+    served.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.process.wait, 20) == 0
+
+
+async def test_reload_says_what_to_do_when_the_status_page_is_off(
+        fake_url: str, tmp_path: Path, serving: list[Served]) -> None:
+    config = write_config(tmp_path / "c.toml", fake_url, tmp_path / "timing.jsonl",
+                          access={"clients": [{"name": "ann", "key": "ann-key"}]})
+    served = await asyncio.to_thread(serve, config)
+    serving.append(served)
+    cli = await asyncio.to_thread(reload_cli, config, served.url)
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr
+    assert "the status page is off" in cli.stderr and "access.pages_token" in cli.stderr
+    assert "kill -HUP" in cli.stderr
+    served.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.process.wait, 20) == 0

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Coroutine
 from pathlib import Path
@@ -86,8 +87,12 @@ def run_reload(args: argparse.Namespace) -> int:
         return 2
     host = config.listen.host if config.listen.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     url = (args.url or f"http://{host}:{config.listen.port}").rstrip("/") + "/slotwise/status"
+    headers = _page_auth(config)
     try:
-        before = _get_status(url)
+        before = _get_status(url, headers)
+    except urllib.error.HTTPError as exc:
+        print(f"slotwise: {url} answered {exc.code}: {_refused(exc, config)}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"slotwise: no slotwise answers at {url}: {exc}", file=sys.stderr)
         return 1
@@ -104,20 +109,42 @@ def run_reload(args: argparse.Namespace) -> int:
         print(f"slotwise: not allowed to signal pid {before['pid']} (run as its user or root, "
               "or use `systemctl reload slotwise`)", file=sys.stderr)
         return 1
-    return _await_reload(url, int(before.get("reloads", 0)))
+    return _await_reload(url, headers, int(before.get("reloads", 0)))
 
 
-def _get_status(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def _page_auth(config: Config) -> dict[str, str]:
+    """The credentials for the status page the config gives: its pages token, else its admin key."""
+    token = config.access.pages_token or config.access.admin_key
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _refused(error: urllib.error.HTTPError, config: Config) -> str:
+    """Why the status page refused, and what to do: reload finds slotwise's pid there."""
+    if error.code == 403:
+        return ("the status page is off (access.pages; keys are in force or slotwise is not on "
+                "loopback), and `slotwise reload` finds slotwise's pid there: set access.pages_token "
+                "(or access.admin_key) in the config, or send the signal yourself: "
+                "`kill -HUP <pid>` or `systemctl reload slotwise`")
+    if error.code == 401:
+        given = "the token in the config was refused" if _page_auth(config) else "it needs a token"
+        return (f"{given}: the config given must hold the access.pages_token (or access.admin_key) "
+                "of the running slotwise")
+    return str(error.reason)
+
+
+def _get_status(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
         status: dict[str, Any] = orjson.loads(response.read())
     return status
 
 
-def _await_reload(url: str, reloads_before: int, timeout_s: float = 10.0) -> int:
+def _await_reload(url: str, headers: dict[str, str], reloads_before: int,
+                  timeout_s: float = 10.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        status = _get_status(url)
+        status = _get_status(url, headers)
         last = status.get("last_reload")
         if int(status.get("reloads", 0)) > reloads_before and last:
             if last["ok"]:
