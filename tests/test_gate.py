@@ -12,8 +12,11 @@ import pytest
 
 from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError
+from proxy.prefill.events import Restorable
 from proxy.prefill.feeder import PieceError, PieceResult
 from proxy.prefill.gate import PrefillGate
+from proxy.prefill.hooks import Restored
+from proxy.prefill.layout import ServerLayout
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.request.endpoints import Kind
@@ -32,9 +35,10 @@ class Clock:
 class FakeEstimator:
     """`body["n"]` prompt ids, all new; `body["fail"]` raises EstimateError."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int | None = None) -> None:
         self.calls = 0
         self.learned: list[tuple[int, int | None]] = []
+        self.layout = ServerLayout(slots=slots)
 
     async def estimate(self, cfg: PrefillConfig, kind: str, body: Mapping[str, Any]
                        ) -> tuple[list[int], Estimate]:
@@ -53,11 +57,14 @@ class FakeFeeder:
 
     def __init__(self) -> None:
         self.pieces: list[tuple[int, Any]] = []
+        self.prompts: list[int] = []
+        """The length of the prompt each piece was cut from (whose piece it was)."""
         self.pending: list[asyncio.Future[PieceResult]] = []
         self.cancelled = 0
 
     async def feed(self, ids: list[int], upto: int, lora: Any) -> PieceResult:
         self.pieces.append((upto, lora))
+        self.prompts.append(len(ids))
         future: asyncio.Future[PieceResult] = asyncio.get_running_loop().create_future()
         self.pending.append(future)
         try:
@@ -88,13 +95,40 @@ def rig() -> Rig:
     return make_rig("chunk")
 
 
-def make_rig(mode: str, **over: Any) -> Rig:
+class FakeKeeper:
+    """A kept file for every body with `"kept": True`, covering all but 100 of its ids; each
+    restore waits for the test to finish it (`restored`), so in-flight states can be seen."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.pending: list[asyncio.Future[Restored]] = []
+        self.kept: set[str] = set()
+
+    async def restorable(self, flight: Flight, ids: list[int],
+                         est: Estimate) -> tuple[Estimate, Restorable | None]:
+        if flight.id not in self.kept:
+            return est, None
+        return est, Restorable(len(ids) - 100, restore_ms=50.0, max_wait_s=60.0)
+
+    async def restore(self, flight: Flight, ids: list[int]) -> Restored:
+        self.asked.append(flight.id)
+        future: asyncio.Future[Restored] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        return await future
+
+    def restored(self, new_tokens: int = 100) -> None:
+        self.pending.pop(0).set_result(Restored(Estimate(6000, new_tokens), None, done=True))
+
+
+def make_rig(mode: str, *, slots: int | None = None, keeper: FakeKeeper | None = None,
+             **over: Any) -> Rig:
     config = [PrefillConfig(mode=mode, cold_tokens=1000, max_stall_ms=256.0, prefill_share=0.5,
                             max_waiting=1, max_hold_s=30.0, **over)]
     registry, clock = Registry(), Clock()
-    estimator, feeder = FakeEstimator(), FakeFeeder()
+    estimator, feeder = FakeEstimator(slots), FakeFeeder()
     gate = PrefillGate(config=config[0], estimator=estimator,  # type: ignore[arg-type]
-                       feeder=feeder, registry=registry, clock=clock)  # type: ignore[arg-type]
+                       feeder=feeder, registry=registry, clock=clock,  # type: ignore[arg-type]
+                       keep=keeper)
     registry.subscribe(gate.on_phase)
     return Rig(gate, registry, clock, estimator, feeder, config)
 
@@ -271,3 +305,53 @@ async def test_reload_to_off_releases_the_held(rig: Rig) -> None:
     await task
     admission = c.prefill
     assert admission.note == "cold, prefill.mode off (reload)"
+
+
+# ---- the interplay of cold prompts and kept KV (one scheduler) -----------------------------------
+
+
+async def test_a_returning_conversation_waits_for_the_next_slot_then_is_restored() -> None:
+    keeper = FakeKeeper()
+    rig = make_rig("chunk", slots=2, keeper=keeper)
+    s1, s2 = await generating(rig, "s1"), await generating(rig, "s2")
+    keeper.kept.add("r")
+    returning = asyncio.create_task(rig.gate.admit(r := flight(rig, "r"), {"n": 6000}))
+    short = asyncio.create_task(rig.gate.admit(x := flight(rig, "x"), {"n": 50}))
+    await settle()
+    assert keeper.asked == [] and not returning.done() and not short.done()
+    assert x.phase is Phase.HELD  # the next slot is claimed for the restore
+    rig.clock.now = 2.0
+    finish(rig, s1)
+    await settle()
+    assert keeper.asked == ["r"] and not short.done()
+    keeper.restored()
+    await returning
+    await short
+    assert r.prefill.held_ms == 2000.0 and r.prefill.est_new_tokens == 100
+    assert rig.feeder.pieces == []  # restored, not recomputed in pieces
+    finish(rig, s2)
+
+
+async def test_two_cold_requests_share_the_prefill_time(rig: Rig) -> None:
+    rig.config[0] = dataclasses.replace(rig.config[0], max_waiting=2)
+    rig.gate.reconfigure(rig.config[0])
+    await generating(rig)
+    long = asyncio.create_task(rig.gate.admit(flight(rig, "long"), {"n": 16000}))
+    await settle()
+    assert rig.feeder.prompts == [16000]
+    short = asyncio.create_task(rig.gate.admit(c := flight(rig, "short"), {"n": 1200}))
+    await settle()
+    for _ in range(100):
+        rig.clock.now += 1.0
+        if rig.feeder.pending:
+            rig.feeder.done(64)
+        await settle()
+        rig.gate.tick()
+        await settle()
+        if short.done():
+            break
+    # one piece of the long history, then only the short turn's until it was sent
+    assert rig.feeder.prompts[0] == 16000 and set(rig.feeder.prompts[1:]) == {1200}
+    assert c.prefill.pieces >= 1 and not long.done()
+    long.cancel()
+    await asyncio.gather(long, return_exceptions=True)

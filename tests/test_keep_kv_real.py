@@ -1,19 +1,21 @@
 """keep_kv in front of a real llama-server (tiny model, `-np 2`, `--slot-save-path`): a conversation
 saved, llama-server restarted, and the next turn restored (cached, and far faster than cold); nothing
-saved while a request is in flight; the disk budget deletes the least recently used; a restore that
-fails is forwarded as it came, with a note; and a server without `--slot-save-path` is detected."""
+saved while a request is in flight; the disk budget deletes the least recently used; a damaged file
+(cut short, or other bytes) is never handed to llama-server, which aborts on one; a file the server
+died on is quarantined, never tried again; and a server without `--slot-save-path` is detected."""
 
 from __future__ import annotations
 
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.keep.index import INDEX_NAME
+from proxy.keep.index import INDEX_NAME, load_index, quarantined, seal, write_index
 from proxy.runner import ProxyThread
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
@@ -185,25 +187,67 @@ def test_the_disk_budget_deletes_the_least_recently_used(
     assert sorted(p.name for p in save_dir.iterdir() if p.name.endswith(".kv")) == sorted(kept)
 
 
-def test_a_failed_restore_is_forwarded_as_it_came_with_a_note(
+def damage(path: Path, how: str) -> None:
+    """Cut a file short (as a power loss can) or change bytes in its middle, keeping its size."""
+    data = path.read_bytes()
+    if how == "cut short":
+        path.write_bytes(data[:len(data) // 2])
+    else:
+        mid = len(data) // 2
+        path.write_bytes(data[:mid] + bytes(b ^ 0xFF for b in data[mid:mid + 4096])
+                         + data[mid + 4096:])
+
+
+@pytest.mark.parametrize("how", ["cut short", "same size, other bytes"])
+def test_a_damaged_file_is_never_restored_and_the_server_stays_up(
         start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
-        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+        restart: Callable[[LlamaServer], LlamaServer], how: str) -> None:
     server = start_llama_server(lora=False, args=server_args(save_dir))
     proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
     wait_for(lambda: status(proxy)["working"] is True)
     talk = history(3, 5)
     first = ask(proxy, turn(talk, "first"))
     [file] = saved(proxy)
-    (save_dir / file["name"]).write_bytes(b"not a slot file")  # damaged on disk
-    restart(server)
+    damage(save_dir / file["name"], how)
+    server = restart(server)
     again = ask(proxy, turn(talk, "first"))
     assert again["restored_tokens"] == 0 and again["timings"]["cache_n"] == 0
     assert again["timings"]["prompt_n"] == first["timings"]["prompt_n"]
-    assert again["policy_note"].startswith(f"keep_kv: restoring {file['name']} failed, "
-                                           "forwarded as it came")
+    assert again["policy_note"].startswith(f"keep_kv: {file['name']} is damaged (")
+    assert [r for r in read_records(proxy) if r["kind"] == "kv_restore"] == []  # never asked
+    assert not (save_dir / file["name"]).exists() and status(proxy)["files"] == []
+    assert call("GET", server.url + "/health").status_code == 200
+
+
+def test_a_file_the_server_dies_on_is_quarantined_and_never_tried_again(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    """A file damaged before slotwise hashed it (the index vouches for it) crashes llama-server:
+    the file is set aside at once, so the server's restart does not meet it again."""
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(5, 5)
+    ask(proxy, turn(talk, "first"))
+    [file] = saved(proxy)
+    proxy.stop()
+    path = save_dir / file["name"]
+    damage(path, "cut short")
+    size, digest, _ = seal(path)
+    write_index(save_dir, [replace(f, size=size, digest=digest) for f in load_index(save_dir)])
+    server = restart(server)
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir))
+    wait_for(lambda: status(proxy)["working"] is True)
+    crashed = call("POST", proxy.url + "/v1/chat/completions", turn(talk, "first"))
+    assert crashed.status_code >= 500  # llama-server died under the restore: nobody answered
     [restore] = [r for r in read_records(proxy) if r["kind"] == "kv_restore"]
-    assert restore["outcome"] == "failed" and restore["status"] == 400
-    assert not (save_dir / file["name"]).exists()  # llama-server refused it: deleted
+    assert restore["outcome"] == "failed" and restore["status"] is None
+    assert quarantined(save_dir) == [file["name"] + ".quarantined"] and not path.exists()
+    server = restart(server)  # as systemd would
+    again = ask(proxy, turn(talk, "first"))
+    assert again["restored_tokens"] == 0 and again["timings"]["cache_n"] == 0
+    assert len([r for r in read_records(proxy) if r["kind"] == "kv_restore"]) == 1
+    assert status(proxy)["files"] == []
 
 
 def test_a_server_without_slot_save_path_is_detected(

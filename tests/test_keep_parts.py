@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, cast
@@ -19,10 +20,19 @@ from proxy.bench.keep import budget_table, returning_table
 from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn
 from proxy.config import ConfigError, load_config, parse_config
 from proxy.keep.feature import restart_only
-from proxy.keep.index import INDEX_NAME, Shelf, files_on_disk, load_index, write_index
+from proxy.keep.index import (
+    INDEX_NAME,
+    Shelf,
+    check,
+    files_on_disk,
+    load_index,
+    quarantined,
+    seal,
+    write_index,
+)
 from proxy.keep.probe import Probe, save_refused
 from proxy.keep.store import KeepStore
-from proxy.keep.values import Delete, KeepFile, Knobs, SavedFile, lora_variant
+from proxy.keep.values import Delete, KeepFile, Knobs, Quarantine, SavedFile, lora_variant
 from proxy.keep.views import keep_metrics, status_view
 from proxy.report.keep_table import keep_tables
 from proxy.state import ProxyState
@@ -56,14 +66,11 @@ class TestConfig:
             parse_config({"keep_kv": table, "prefill": {"mode": "chunk"}})
         assert message in str(info.value)
 
-    def test_it_needs_the_estimate(self, tmp_path: Path) -> None:
-        with pytest.raises(ConfigError) as info:
-            parse_config({"keep_kv": {"enabled": True, "dir": str(tmp_path)}})
-        assert "keep_kv.enabled: true needs the prompt's estimate, which prefill.mode 'off'" in str(
-            info.value)
-        config = parse_config({"keep_kv": {"enabled": True, "dir": str(tmp_path)},
-                               "prefill": {"mode": "defer"}})
-        assert config.keep_kv.enabled
+    def test_it_works_with_every_prefill_mode(self, tmp_path: Path) -> None:
+        for mode in ("off", "defer", "chunk"):
+            config = parse_config({"keep_kv": {"enabled": True, "dir": str(tmp_path)},
+                                   "prefill": {"mode": mode}})
+            assert config.keep_kv.enabled and config.keep_kv.max_wait_s == 60.0
 
     def test_the_example_documents_every_key(self) -> None:
         text = EXAMPLE.read_text()
@@ -113,6 +120,36 @@ class TestFiles:
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([INDEX_NAME, "slotwise-ab.kv"])
         assert (tmp_path / "slotwise-ab.kv").stat().st_mode & 0o777 == 0o600
         assert [f.name for f in load_index(tmp_path)] == ["slotwise-ab.kv"]
+
+    def test_a_quarantined_file_is_set_aside_never_listed_and_not_deleted(self, tmp_path: Path) -> None:
+        (tmp_path / "slotwise-ab.kv").write_bytes(b"kv")
+        shelf = Shelf(tmp_path)
+        assert shelf.apply([Quarantine("slotwise-ab.kv", "no answer")], []) == []
+        assert quarantined(tmp_path) == ["slotwise-ab.kv.quarantined"]
+        assert files_on_disk(tmp_path) == {}  # neither restored nor deleted as an orphan at start
+
+    def test_the_index_keeps_each_files_digest(self, tmp_path: Path) -> None:
+        write_index(tmp_path, [replace(saved(), digest="ab" * 32)])
+        assert load_index(tmp_path)[0].digest == "ab" * 32
+
+    def test_a_file_cut_short_or_changed_fails_its_check(self, tmp_path: Path) -> None:
+        path = tmp_path / "slotwise-00000000000000aa.kv"
+        path.write_bytes(bytes(range(100)))
+        size, digest, stamp = seal(path)
+        good = replace(saved(size=size), digest=digest)
+        assert check(path, good, None).problem is None and check(path, good, stamp).stamp == stamp
+        path.write_bytes(bytes(range(60)))  # cut short, as by a power loss
+        assert check(path, good, stamp).problem == "60 bytes on disk, 100 saved"
+        path.write_bytes(bytes(reversed(range(100))))  # same size, other bytes
+        assert "SHA-256 differs" in (check(path, good, stamp).problem or "")
+        path.unlink()
+        assert "cannot read it" in (check(path, good, stamp).problem or "")
+
+    def test_an_entry_without_a_digest_gets_the_one_found(self, tmp_path: Path) -> None:
+        path = tmp_path / "slotwise-00000000000000aa.kv"
+        path.write_bytes(b"x" * 100)
+        found = check(path, saved(size=100), None)
+        assert found.problem is None and found.digest == seal(path)[1]
 
     def test_a_file_that_cannot_be_renamed_is_lost_and_said(self, tmp_path: Path) -> None:
         shelf = Shelf(tmp_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from unittest.mock import ANY
 
 from proxy.estimate import block_hashes
 from proxy.keep.budget import over_budget
@@ -19,6 +20,7 @@ from proxy.keep.values import (
     ForgetCache,
     KeepFile,
     Knobs,
+    Quarantine,
     RestoreInto,
     SavedFile,
     SaveSlot,
@@ -82,7 +84,7 @@ def save_one(s: KeepStore, n: int, seed: int = 1, *, slot_id: int = 0, task: int
     ended(s, n, seed, at=at)
     s.on_slots([slot(slot_id, n + 9, task)], at + 0.1, quiet=True)
     [save] = saves(s.on_slots([slot(slot_id, n + 9, task)], at + 200, quiet=True))
-    return s.on_saved(save, save.tokens, size, at + 200)
+    return s.on_saved(save, save.tokens, size, at + 200, digest="d" * 64)
 
 
 class TestRule1Identity:
@@ -243,8 +245,9 @@ class TestRule5Saved:
         name = ended(s, 1000)
         s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
         [save] = saves(s.on_slots([slot(0, 1005, 3)], 200.0, quiet=True))
-        assert s.on_saved(save, 1005, 4000, 201.0) == [KeepFile(name + ".part", name)]
+        assert s.on_saved(save, 1005, 4000, 201.0, digest="ab" * 32) == [KeepFile(name + ".part", name)]
         assert s.files[name].tokens == 1005 and s.files[name].model == MODEL
+        assert s.files[name].digest == "ab" * 32 and s.files[name].size == 4000
         assert s.saving is None
 
     def test_a_slot_that_changed_during_the_save_deletes_it(self) -> None:
@@ -252,7 +255,7 @@ class TestRule5Saved:
         ended(s, 1000)
         s.on_slots([slot(0, 1005, 3)], 1.0, quiet=True)
         [save] = saves(s.on_slots([slot(0, 1005, 3)], 200.0, quiet=True))
-        [delete] = s.on_saved(save, 3000, 9000, 201.0)
+        [delete] = s.on_saved(save, 3000, 9000, 201.0, digest="")
         assert isinstance(delete, Delete) and delete.name == save.temp and s.files == {}
 
     def test_a_longer_prefix_supersedes_the_older_file(self) -> None:
@@ -262,7 +265,7 @@ class TestRule5Saved:
         s.on_request_ended(chain(1600), "", 1600, 5, 300.0)  # the next turn, same conversation
         s.on_slots([slot(0, 1604, 2)], 300.5, quiet=True)
         [save] = saves(s.on_slots([slot(0, 1604, 2)], 500.0, quiet=True))
-        decisions = s.on_saved(save, 1604, 1500, 500.0)
+        decisions = s.on_saved(save, 1604, 1500, 500.0, digest="")
         assert names(decisions) == [old] and list(s.files) == [save.name]
 
     def test_another_conversation_is_not_superseded(self) -> None:
@@ -314,8 +317,8 @@ class TestRule7Restore:
     def test_then_a_slot_whose_conversation_is_saved_then_the_oldest_task(self) -> None:
         s = store()
         save_one(s, 1000, seed=2, slot_id=1, task=50)
-        s.load([*s.files.values(), saved_file(1024)], {**{n: 1 for n in s.files},
-                                                        saved_file(1024).name: 1}, 300.0)
+        s.load([*s.files.values(), saved_file(1024)], {**{n: f.size for n, f in s.files.items()},
+                                                        saved_file(1024).name: 1000}, 300.0)
         busy_free = [slot(0, 400, 7), slot(1, 1009, 50), slot(2, 300, 3)]
         assert s.restore(chain(1100), "", 1100, 0, busy_free) == RestoreInto(1, saved_file(1024).name, 1024)
         s = with_files(saved_file(1024))
@@ -362,38 +365,71 @@ class TestRule8Restored:
         save_one(s, 1000, seed=2, slot_id=0, task=5)
         other = file_name(chain(1000, seed=2), "")
         s.load([*s.files.values(), saved_file(1024)],
-               {**{n: 1 for n in s.files}, saved_file(1024).name: 1}, 300.0)
+               {**{n: f.size for n, f in s.files.items()}, saved_file(1024).name: 1000}, 300.0)
         restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 1009, 5)])
         assert restore is not None
         s.on_restored(restore, 1024, 5, 301.0)
         assert s.conversations[other].slot is None
 
-    def test_a_refused_restore_deletes_the_file_one_without_answer_keeps_it(self) -> None:
+    def test_a_refused_restore_deletes_the_file_another_error_keeps_it(self) -> None:
         f = saved_file(1024)
         s = with_files(f)
         restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
         assert restore is not None
-        assert s.on_restore_failed(restore, refused=False) == [] and f.name in s.files
+        assert s.on_restore_failed(restore, status=500) == [] and f.name in s.files
+        assert s.restoring == {}
         restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
         assert restore is not None
-        assert names(s.on_restore_failed(restore, refused=True)) == [f.name] and s.files == {}
+        assert names(s.on_restore_failed(restore, status=400)) == [f.name] and s.files == {}
+
+    def test_a_restore_without_an_answer_quarantines_the_file_for_good(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        assert s.on_restore_failed(restore, status=None) == [Quarantine(f.name, ANY)]
+        assert s.files == {} and s.restoring == {}
+        assert s.restore(chain(1100), "", 1100, 0, [slot(0)]) is None  # never tried again
+
+    def test_a_restore_whose_caller_left_keeps_the_file_and_frees_the_slot(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        s.on_restore_abandoned(restore)
+        assert f.name in s.files and s.restoring == {}
+
+    def test_a_damaged_file_is_deleted_and_its_restore_not_asked(self) -> None:
+        f = saved_file(1024)
+        s = with_files(f)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        assert names(s.on_damaged(f.name, "cut short")) == [f.name]
+        assert s.files == {} and s.restoring == {}
 
 
 class TestRule9Model:
     def test_files_of_another_model_are_deleted(self) -> None:
         s = KeepStore(KNOBS)
         mine, theirs = saved_file(1024, seed=1), saved_file(1024, seed=2, model="/other.gguf")
-        s.load([mine, theirs], {mine.name: 1, theirs.name: 1}, 0.0)
+        s.load([mine, theirs], {mine.name: mine.size, theirs.name: theirs.size}, 0.0)
         assert names(s.set_model(MODEL)) == [theirs.name] and list(s.files) == [mine.name]
 
 
 class TestRule10Start:
     def test_orphans_are_deleted_and_missing_files_forgotten(self) -> None:
         s = KeepStore(KNOBS)
-        listed, missing = saved_file(1024, seed=1), saved_file(1024, seed=2)
+        listed, missing = saved_file(1024, seed=1, size=777), saved_file(1024, seed=2)
         decisions = s.load([listed, missing], {listed.name: 777, "slotwise-abc.kv.part": 5}, 0.0)
         assert names(decisions) == ["slotwise-abc.kv.part"]
         assert list(s.files) == [listed.name] and s.files[listed.name].size == 777
+
+    def test_a_file_whose_size_is_not_the_one_saved_is_deleted(self) -> None:
+        s = KeepStore(KNOBS)
+        whole, cut = saved_file(1024, seed=1, size=5000), saved_file(1024, seed=2, size=5000)
+        decisions = s.load([whole, cut], {whole.name: 5000, cut.name: 4096}, 0.0)
+        assert names(decisions) == [cut.name] and list(s.files) == [whole.name]
+        assert "4096 bytes on disk, 5000 saved" in decisions[0].reason  # type: ignore[union-attr]
 
     def test_the_budget_runs_at_start(self) -> None:
         files = [saved_file(1024, seed=i, at=float(i)) for i in range(7)]

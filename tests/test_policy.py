@@ -15,7 +15,6 @@ from proxy.config import PrefillConfig
 from proxy.prefill import (
     Admit,
     CancelPiece,
-    Decision,
     FeedPiece,
     Forward,
     Hold,
@@ -23,8 +22,10 @@ from proxy.prefill import (
     Reject,
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
+from proxy.prefill.events import Restorable, Restore
+from proxy.prefill.pacing import BEHIND_SHARE
 from proxy.prefill.pieces import piece_body
-from proxy.prefill.policy import SENT_GRACE_S
+from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Phase
@@ -32,12 +33,16 @@ from proxy.record.flight import Phase
 COLD = 2000
 
 
+KEPT = Restorable(tokens=5900, restore_ms=50.0, max_wait_s=60.0)
+"""A kept file that holds most of a 6,000-token prompt."""
+
+
 def policy(mode: str = "chunk", *, tps: float = 1000.0, n_batch: int = 2048,
-           **over: Any) -> PrefillPolicy:
+           slots: int | None = None, **over: Any) -> PrefillPolicy:
     cfg = dataclasses.replace(PrefillConfig(mode=mode, cold_tokens=COLD, max_hold_s=30.0,
                                             max_stall_ms=256.5, prefill_share=0.5,
                                             max_cold_factor=0.0, max_waiting=2), **over)
-    return PrefillPolicy(cfg, n_batch=n_batch, cost=rate_model(tps))
+    return PrefillPolicy(cfg, n_batch=n_batch, cost=rate_model(tps), slots=slots)
 
 
 def rate_model(tps: float) -> BatchCostModel:
@@ -109,20 +114,39 @@ class TestRule3NobodyGenerating:
         assert kinds(p.on_arrival("c", 20_000, 20_000, 2.0)) == ["Admit"]
 
 
-class TestRule4OneAtATime:
-    def test_others_wait_in_arrival_order(self) -> None:
+class TestRule4SharedPrefillTime:
+    def test_defer_admits_the_fewest_tokens_left_first(self) -> None:
         p = policy("defer")
         busy(p)
         p.on_arrival("a", 5000, 5000, 1.0)
-        assert p.on_arrival("b", 5000, 5000, 2.0) == [Hold("b", "waiting for its turn")]
+        assert p.on_arrival("b", 3000, 3000, 2.0) == [Hold("b", "waiting for its turn")]
         p.on_arrival("c", 5000, 5000, 3.0)
-        assert p.snapshot().held == ("a", "b", "c")
-        assert p.snapshot().waiting == ("b", "c")
-        # a is released when s finishes; a then counts as generating, so b stays held.
-        assert p.on_finished("s", 4.0) == [Admit("a", "held until others finished")]
-        assert p.snapshot().held == ("b", "c")
-        assert p.on_finished("a", 5.0) == [Admit("b", "held until others finished")]
-        assert p.on_finished("b", 6.0) == [Admit("c", "held until others finished")]
+        assert set(p.snapshot().held) == {"a", "b", "c"}
+        # b is released when s finishes; b then counts as generating, so a and c stay held.
+        assert p.on_finished("s", 4.0) == [Admit("b", "held until others finished")]
+        assert p.on_finished("b", 5.0) == [Admit("a", "held until others finished")]
+        assert p.on_finished("a", 6.0) == [Admit("c", "held until others finished")]
+
+    def test_a_short_cold_request_is_not_held_behind_a_long_one(self) -> None:
+        """A 2,500-token first turn arrives while a 16,000-token history is fed: the next piece is
+        the short one's, so it waits for one piece of the long one, not for the whole of it."""
+        p = policy(tps=1000.0)
+        busy(p)
+        [_, first] = p.on_arrival("long", 16000, 16000, 0.0)
+        assert first == FeedPiece("long", 256)
+        assert p.on_arrival("short", 2500, 2500, 0.1) == [Hold("short", "waiting for its turn")]
+        assert p.on_piece_done("long", 256, 256.0, 0.3) == []  # the pause after it
+        assert p.on_tick(0.556) == [FeedPiece("short", 256)]
+        now, fed = 0.556, []
+        while True:
+            now += 0.256
+            out = p.on_piece_done("short", 256, 256.0, now) + p.on_tick(now + 0.256)
+            now += 0.256
+            fed += [d.req_id for d in out]
+            if any(isinstance(d, Forward) for d in out):
+                break
+        assert set(fed) == {"short"}  # the long one waits until the short one has gone
+        assert p.on_tick(now + SENT_GRACE_S) == [FeedPiece("long", 512)]
 
     def test_more_than_max_waiting_rejected(self) -> None:
         p = policy("defer", max_waiting=2)
@@ -133,9 +157,9 @@ class TestRule4OneAtATime:
         [reject] = p.on_arrival("d", 5000, 5000, 1.0)
         assert isinstance(reject, Reject) and reject.req_id == "d"
         assert "prefill.max_waiting = 2" in reject.reason
-        assert p.snapshot().held == ("a", "b", "c")
+        assert set(p.snapshot().held) == {"a", "b", "c"}
 
-    def test_max_waiting_zero_allows_only_the_active_one(self) -> None:
+    def test_max_waiting_zero_allows_only_one(self) -> None:
         p = policy("chunk", max_waiting=0)
         busy(p)
         assert kinds(p.on_arrival("a", 5000, 5000, 1.0)) == ["Hold", "FeedPiece"]
@@ -272,8 +296,10 @@ class TestRule6ColdBudget:
         assert first is not None and first - 0.256 == pytest.approx(0.256 * (1 - 0.388) / 0.388,
                                                                    rel=0.02)
         p.on_tick(first)
-        # held up (short turns, a slow server): 4,488 tokens and 2.5 s left, the next at once
-        assert p.on_piece_done("c", 256, 256.0, 10.0) == [FeedPiece("c", 768)]
+        # held up (short turns, a slow server): 4,488 tokens and 2.5 s left: behind its bound,
+        # the pause shrinks to a quarter of the piece, never to nothing (the streams' gap)
+        assert p.on_piece_done("c", 256, 256.0, 10.0) == []
+        assert p.next_wakeup() == pytest.approx(10.0 + 0.256 * (1 - BEHIND_SHARE) / BEHIND_SHARE)
 
     def test_behind_its_budget_it_stops_yielding_to_others_prompts(self) -> None:
         """Rule 8 lets short prompts go first; chat users whose turns come one after another would
@@ -289,7 +315,8 @@ class TestRule6ColdBudget:
         p.on_tick(1.2)  # the second piece
         p.on_arrival("y", 100, 100, 9.9)
         p.on_prefill_started("y", 9.9)  # another short prompt being computed, and a long hold-up:
-        assert p.on_piece_done("c", 256, 256.0, 10.0) == [FeedPiece("c", 768)]  # behind: it goes
+        assert p.on_piece_done("c", 256, 256.0, 10.0) == []
+        assert p.on_tick(10.1) == [FeedPiece("c", 768)]  # behind: it goes after its short pause
 
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
@@ -455,23 +482,95 @@ class TestRule11PieceFailed:
         assert policy().on_piece_failed("x", "boom", 0.0) == []
 
 
-class TestRule12NextInLine:
-    def test_next_chunk_plan_starts_when_previous_is_forwarded(self) -> None:
-        p = policy(tps=1000.0)
+class TestRule12EverySlotUserCounts:
+    def test_requests_pieces_and_restores_take_slots(self) -> None:
+        p = policy(slots=3)
+        busy(p, "s")
+        p.on_arrival("c", 5000, 5000, 0.0)  # a piece in flight
+        [_, restore] = p.on_arrival("r", 6000, 6000, 0.1, KEPT)
+        assert restore == Restore("r")  # the third slot
+        [hold] = p.on_arrival("x", 100, 100, 0.2)  # no slot free: x waits behind the restore
+        assert hold == Hold("x", "waiting behind a restore into the next free slot")
+
+    def test_unknown_slots_never_hold_anyone(self) -> None:
+        p = policy()
+        for i in range(8):
+            busy(p, f"s{i}")
+        assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT)) == ["Hold", "Restore"]
+        assert p.on_arrival("x", 100, 100, 0.1) == [Admit("x", "not cold")]
+
+
+class TestRule14Restores:
+    def test_restored_at_once_into_a_free_slot_then_decided_anew(self) -> None:
+        p = policy(slots=4)
         busy(p)
-        p.on_arrival("a", 400, 400 + 0, 0.0)  # not cold
-        p.on_arrival("b", 2100, 2300, 0.0)
-        p.on_arrival("c", 3000, 3000, 0.0)
-        assert p.snapshot().held == ("b", "c")
-        # b: 200 cached, fed up to 448 (rounded to 64), then 2300 - 448 > 256 ...
-        now = 0.0
-        decisions: list[Decision] = []
-        while not any(isinstance(d, Forward) for d in decisions):
-            now += 1.0
-            decisions = p.on_piece_done("b", 256, 250.0, now)
-            decisions += p.on_tick(now + 0.25)
-        assert kinds(decisions) == ["Forward"]
-        assert p.on_tick(now + 0.25 + SENT_GRACE_S) == [FeedPiece("c", 256)]
+        assert p.on_arrival("r", 6000, 6100, 0.0, KEPT) == [
+            Hold("r", "waiting for a slot to restore its kept KV into"), Restore("r")]
+        assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
+
+    def test_a_returning_conversation_waits_for_the_next_slot_and_claims_it(self) -> None:
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert kinds(p.on_arrival("r", 6000, 6100, 0.0, KEPT)) == ["Hold"]
+        assert kinds(p.on_arrival("x", 100, 100, 0.5)) == ["Hold"]  # would queue in the server
+        assert p.on_finished("s1", 1.0) == [Restore("r")]  # the freed slot is the restore's
+        assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold"), Admit("x", "not cold")]
+
+    def test_it_waits_no_longer_than_computing_what_the_file_spares(self) -> None:
+        """6,000 tokens at 1,000 tok/s: 6 s alone, a restore of 0.5 s: it waits 5.5 s at most."""
+        p = policy(slots=1, tps=1000.0)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=60.0))
+        until = p.next_wakeup()
+        assert until == pytest.approx(5.5)
+        [hold, piece] = p.on_tick(until)  # decided as it came: cold, others generate
+        assert hold == Hold("r", "others generating") and isinstance(piece, FeedPiece)
+        assert p.on_finished("s", 6.0) == []  # its piece is let finish, then the rest goes
+        now, out = 6.0, [piece]
+        while not isinstance(out[-1], Admit | Forward):
+            assert isinstance(out[-1], FeedPiece)
+            now += 0.5
+            out = p.on_piece_done("r", 256, 256.0, now)
+        assert out[-1].reason.startswith("keep_kv: no slot came free to restore into in time, "
+                                         "computed instead; ")
+
+    def test_and_no_longer_than_the_operators_bound(self) -> None:
+        p = policy(slots=1, tps=10.0)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=30.0))
+        assert p.next_wakeup() == 30.0
+
+    def test_no_idle_slot_found_waits_for_the_next_request_to_finish(self) -> None:
+        p = policy(slots=2)
+        busy(p)
+        [_, restore] = p.on_arrival("r", 6000, 6000, 0.0, KEPT)
+        assert p.on_restore_failed("r", "no idle slot", 0.1, no_slot=True) == []
+        assert p.on_tick(0.2) == []  # not again at once: the server's slots are all busy
+        busy(p, "t", 0.3)
+        assert p.on_finished("t", 0.5) == [restore]
+
+    def test_a_failed_restore_is_decided_as_it_came_with_the_reason(self) -> None:
+        p = policy(slots=2)
+        busy(p)
+        p.on_arrival("r", 1500, 6000, 0.0, KEPT)
+        assert p.on_restore_failed("r", "restoring f failed: HTTP 400", 0.1) == [
+            Admit("r", "keep_kv: restoring f failed: HTTP 400, computed instead; not cold")]
+
+    def test_mode_off_restores_too(self) -> None:
+        p = policy("off", slots=1)
+        p.on_arrival("s", 10, 10, 0.0)
+        assert kinds(p.on_arrival("r", 6000, 6000, 0.1, KEPT)) == ["Hold"]
+        assert p.on_finished("s", 1.0) == [Restore("r")]
+        assert p.on_restored("r", 10, 1.1) == [Admit("r", "prefill.mode off")]
+
+    def test_a_client_that_leaves_frees_the_claim(self) -> None:
+        p = policy(slots=1)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, KEPT)
+        p.on_arrival("x", 100, 100, 0.1)
+        assert p.on_client_left("r", 0.2) == [Admit("x", "not cold")]
+        assert p.next_wakeup() is None
 
 
 class TestEventsAndSnapshot:

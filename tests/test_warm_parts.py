@@ -11,7 +11,7 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from proxy.estimate import NotEstimable
 from proxy.prefill.batch_cost import BatchCost
-from proxy.prefill.policy import SENT_GRACE_S
+from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.record.flight import Phase
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds

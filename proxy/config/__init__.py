@@ -74,7 +74,7 @@ def parse_config(data: Mapping[str, Any]) -> Config:
         access=access_table(table(data, "access"), upstream.api_key),
         cluster=cluster_table(table(data, "cluster")),
         warm=warm_table(table(data, "warm")),
-        keep_kv=keep_kv_table(table(data, "keep_kv"), data),
+        keep_kv=keep_kv_table(table(data, "keep_kv")),
     )
 
 

@@ -6,14 +6,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.config.fields import check_keys, number, show, string, table
+from proxy.config.fields import check_keys, number, show, string
 from proxy.config.values import (
     LOAD_FORMATS,
     NODE_NAME,
     ClusterConfig,
     ConfigError,
     KeepKvConfig,
-    PrefillConfig,
     WarmConfig,
 )
 
@@ -53,7 +52,7 @@ def warm_table(data: Mapping[str, Any]) -> WarmConfig:
 
 # ---- [keep_kv] (proxy/keep, docs/keep-kv.md) ----------------------------------------------------
 
-def keep_kv_table(data: Mapping[str, Any], whole: Mapping[str, Any]) -> KeepKvConfig:
+def keep_kv_table(data: Mapping[str, Any]) -> KeepKvConfig:
     check_keys(data, "keep_kv.", KeepKvConfig)
     d = KeepKvConfig()
     enabled = data.get("enabled", d.enabled)
@@ -61,7 +60,7 @@ def keep_kv_table(data: Mapping[str, Any], whole: Mapping[str, Any]) -> KeepKvCo
         raise ConfigError(f"keep_kv.enabled: expected true or false, got {show(enabled)}")
     directory = string(data, "dir", "keep_kv.dir", d.dir)
     if enabled:
-        _keep_kv_needs(directory, table(whole, "prefill").get("mode", PrefillConfig().mode))
+        _keep_kv_needs(directory)
     return KeepKvConfig(
         enabled=enabled, dir=directory,
         save_after_idle_s=number(data, "save_after_idle_s", "keep_kv.save_after_idle_s",
@@ -74,18 +73,16 @@ def keep_kv_table(data: Mapping[str, Any], whole: Mapping[str, Any]) -> KeepKvCo
                              low=0.001, high=3650),
         min_tokens=number(data, "min_tokens", "keep_kv.min_tokens", d.min_tokens,
                            low=64, high=10_000_000, integer=True),
+        max_wait_s=number(data, "max_wait_s", "keep_kv.max_wait_s", d.max_wait_s,
+                          low=0, high=3600),
     )
 
 
-def _keep_kv_needs(directory: str, prefill_mode: Any) -> None:
-    """What an enabled [keep_kv] needs: a directory that exists, and an estimated prompt."""
+def _keep_kv_needs(directory: str) -> None:
+    """What an enabled [keep_kv] needs: a directory that exists."""
     if not directory:
         raise ConfigError("keep_kv.dir: must name a directory when keep_kv.enabled is true (valid: "
                           "the directory llama-server was given as --slot-save-path)")
     if not Path(directory).is_dir():
         raise ConfigError(f"keep_kv.dir: {directory!r} is not a directory (valid: the directory "
                           "llama-server was given as --slot-save-path)")
-    if prefill_mode == "off":
-        raise ConfigError("keep_kv.enabled: true needs the prompt's estimate, which prefill.mode "
-                          "'off' skips (valid: prefill.mode 'defer' or 'chunk', or keep_kv.enabled "
-                          "false)")

@@ -171,7 +171,7 @@ class KeepKvConfig:
 
     enabled: bool = False
     """Save idle conversations' KV to files and restore them instead of recomputing; needs
-    llama-server's --slot-save-path and [prefill] mode defer or chunk (the estimate finds them)."""
+    llama-server's --slot-save-path (any [prefill] mode: the prompt is estimated for it)."""
     dir: str = ""
     """The directory llama-server was given as --slot-save-path; slotwise reads and deletes there."""
     save_after_idle_s: float = 120.0
@@ -184,6 +184,9 @@ class KeepKvConfig:
     """A file not saved or restored for this long is deleted."""
     min_tokens: int = 1024
     """A conversation shorter than this is never saved, and a restore must spare this many tokens."""
+    max_wait_s: float = 60.0
+    """A returning conversation waits at most this long for a slot to restore its file into (and
+    never longer than computing what the file spares would take); then it is computed."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The keep_kv feature: a `Keeper` over the prefill feature's estimator and gate (installed after it),
-the gate's `keep` hook, the keeper's figures in /metrics, its section of the status page, and its
-loop (probe, placement, saves, budget). `keep_kv.enabled` and `keep_kv.dir` change only on a restart.
+"""The keep_kv feature, around the `Keeper` the scheduler built (proxy/prefill/feature.py, installed
+before it): the keeper's figures in /metrics, its section of the status page, and its loop (probe,
+placement, saves, budget). `keep_kv.enabled` and `keep_kv.dir` change only on a restart.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from aiohttp import web
 from prometheus_client.core import Metric
 
 from proxy.config import Config, ConfigError
-from proxy.keep.keeper import Keeper
+from proxy.keep.keeper import KEEPER, Keeper
 from proxy.keep.views import keep_metrics, status_view
 from proxy.ops.background import background
 from proxy.ops.metrics import METRICS
-from proxy.prefill.feature import ESTIMATOR, GATE
 from proxy.state import STATE, ProxyState
 
-KEEPER = web.AppKey("slotwise_keeper", Keeper)
 RESTART_ONLY = ("enabled", "dir")
 
 
@@ -61,13 +59,11 @@ def restart_only(state: ProxyState) -> None:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     restart_only(state)
-    if not state.config.keep_kv.enabled:
+    if KEEPER not in app:
         yield
         return
-    keeper = Keeper(state, app[ESTIMATOR])
+    keeper = app[KEEPER]
     keeper.load()
-    app[KEEPER] = keeper
-    app[GATE].keep = keeper.before_admit
     state.registry.subscribe(keeper.on_phase)
     state.reload_hooks.append(lambda new: keeper.reconfigure(new.keep_kv))
     if METRICS in app:

@@ -1,26 +1,43 @@
 """The files slotwise keeps in llama-server's save directory, on disk: the index (whose KV each file
 holds, as block hashes and counts, never text), the files there, and what slotwise does to them
-(private permissions, rename, delete: `Shelf` applies the store's file decisions). Plain synchronous
-file I/O; every error becomes a message.
+(private permissions, rename, delete, quarantine: `Shelf` applies the store's file decisions), and
+the checks that a file is still the one saved (`seal` at save, `check` before a restore). Plain
+synchronous file I/O (the keeper runs the slow parts in a thread); every error becomes a message.
+
+llama-server aborts on a damaged state file (`GGML_ASSERT(nread <= state_size)` for a short one), so
+a file is never handed to it unless its size and SHA-256 are those taken when it was saved. Files
+and the index reach the disk before they are renamed (fsync of the file, then of the directory), so
+a power loss leaves the old one or the new one, whole.
 
 The index is `slotwise-keep-index.json` beside the files, written whole to a private temporary file
-and renamed, so a crash leaves the old one or the new one. Its chains are Python's tuple hashes of
+and renamed. Its chains are Python's tuple hashes of
 token ids (`block_hashes`): stable across processes of one Python version, so the index names that
 version and an index of another is ignored (its files are then deleted as unknown).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from proxy.keep.values import Decision, Delete, KeepFile, SavedFile, is_ours
+from proxy.keep.values import (
+    QUARANTINE_SUFFIX,
+    Decision,
+    Delete,
+    KeepFile,
+    Quarantine,
+    SavedFile,
+    is_ours,
+    is_quarantined,
+)
 
 log = logging.getLogger("slotwise.keep")
 
@@ -62,9 +79,83 @@ def write_index(directory: Path, files: list[SavedFile]) -> None:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE)
         with os.fdopen(fd, "wb") as out:
             out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(temp, path)
+        sync_dir(directory)
     except OSError as exc:
         raise IndexUnusable(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def sync_dir(directory: Path) -> None:
+    """fsync a directory, so a rename in it survives a power loss (OSError when it cannot)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a file looked like when its bytes were last hashed: unchanged size, mtime and inode
+    mean unchanged bytes (a write, a truncation or a replacement changes one of them)."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+def stamp(path: Path) -> Stamp:
+    """OSError when the file cannot be read."""
+    st = path.stat()
+    return Stamp(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def seal(path: Path) -> tuple[int, str, Stamp]:
+    """A fresh save's size and SHA-256, after forcing it to disk; OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        os.fsync(f.fileno())
+    found = stamp(path)
+    return found.size, digest, found
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What `check` found: `problem` None when the file holds the bytes saved; then its `stamp`
+    and `digest` (the one found, for an index entry that had none)."""
+
+    problem: str | None
+    stamp: Stamp | None = None
+    digest: str = ""
+
+
+def check(path: Path, saved: SavedFile, seen: Stamp | None) -> Checked:
+    """Whether the file still holds the bytes saved. A file whose stamp is `seen` (hashed since,
+    unchanged) is not read again. An index entry with no digest (written by an older slotwise)
+    passes on its size and gets the digest found."""
+    try:
+        now = stamp(path)
+        if now.size != saved.size:
+            return Checked(f"{now.size} bytes on disk, {saved.size} saved")
+        if seen == now and saved.digest:
+            return Checked(None, now, saved.digest)
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        return Checked(f"cannot read it: {exc.strerror}")
+    if saved.digest and digest != saved.digest:
+        return Checked("its bytes are not the ones saved (its SHA-256 differs)")
+    return Checked(None, now, digest)
+
+
+def quarantined(directory: Path) -> list[str]:
+    """The files slotwise set aside after a restore of them got no answer."""
+    try:
+        return sorted(e.name for e in os.scandir(directory) if is_quarantined(e.name))
+    except OSError:
+        return []
 
 
 def files_on_disk(directory: Path) -> dict[str, int]:
@@ -146,6 +237,9 @@ class Shelf:
                 log.info("keep_kv: deleting %s: %s", decision.name, decision.reason)
                 if (problem := delete(self.dir, decision.name)) is not None:
                     self.report(problem)
+            elif isinstance(decision, Quarantine):
+                changed = True
+                self._quarantine(decision)
         if changed:
             self.write([f for f in files if f.name not in lost])
         return lost
@@ -161,6 +255,16 @@ class Shelf:
             log.warning("keep_kv: %s", problem)
         self.problem = problem
 
+    def _quarantine(self, decision: Quarantine) -> None:
+        target = decision.name + QUARANTINE_SUFFIX
+        log.warning("keep_kv: %s set aside as %s: %s", decision.name, target, decision.reason)
+        try:
+            rename(self.dir, decision.name, target)
+        except OSError as exc:
+            self.report(f"cannot quarantine {decision.name} in {self.dir} ({exc.strerror}): "
+                        "deleting it instead")
+            delete(self.dir, decision.name)
+
     def _keep(self, keep: KeepFile) -> bool:
         if (problem := make_private(self.dir / keep.temp)) is not None:
             self.report(problem)
@@ -170,4 +274,8 @@ class Shelf:
             self.report(f"cannot rename {keep.temp} in {self.dir}: {exc.strerror}")
             delete(self.dir, keep.temp)
             return False
+        try:
+            sync_dir(self.dir)
+        except OSError as exc:
+            self.report(f"cannot sync {self.dir} ({exc.strerror}): a power loss may lose a save")
         return True

@@ -3,8 +3,10 @@
 It probes at start whether saving works, reads `/slots` after requests end and while saves may come
 due, asks llama-server to save an idle slot (`POST /slots/N?action=save`, one at a time, only when
 nothing is in flight) and to restore a file into an idle slot before a returning conversation's
-request is forwarded (the prefill gate's `keep` hook), keeps the files private, renamed, deleted and
-listed in the index, and writes one timing record per save and per restore. Restores fail open.
+request is forwarded (the prefill gate's `keep` hook), keeps the files private, synced, renamed,
+deleted and listed in the index, and writes one timing record per save and per restore. A file is
+hashed when saved and checked before every restore (and once at start, in a thread): llama-server
+aborts on a damaged one. Restores fail open.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from proxy.config import KeepKvConfig
 from proxy.estimate import Estimate, block_hashes, estimate
 from proxy.keep import index
@@ -31,6 +35,7 @@ from proxy.keep.values import (
     ForgetCache,
     KeepFile,
     RestoreInto,
+    SavedFile,
     SaveSlot,
     SlotState,
     knobs,
@@ -38,6 +43,8 @@ from proxy.keep.values import (
     read_slots,
 )
 from proxy.prefill.estimator import Estimator
+from proxy.prefill.events import Restorable
+from proxy.prefill.hooks import Restored
 from proxy.record.flight import Flight, Phase
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamCallError
@@ -48,7 +55,10 @@ SLOTS_TIMEOUT_S = 2.0
 SAVE_TIMEOUT_S = 300.0
 RESTORE_TIMEOUT_S = 10.0
 READ_BYTES_PER_S = 100e6
-"""A restore's timeout grows by the time a slow disk takes to read its file."""
+"""A restore's timeout grows by the time a slow disk takes to read its file; until restores were
+measured, a restore is taken to cost that time."""
+RESTORE_COST_WEIGHT = 0.3
+"""How much each measured restore moves the learned cost per byte."""
 PLACE_POLL_S = 0.5
 """How soon `/slots` is read after a request ended (to find the slot it left its KV in)."""
 MAX_POLL_S = 30.0
@@ -66,12 +76,16 @@ class Keeper:
         self.store = KeepStore(knobs(cfg))
         self.probe: Probe = UNKNOWN
         self._flights: dict[Flight, tuple[tuple[int, ...], str, int]] = {}  # until they end
+        self._stamps: dict[str, index.Stamp] = {}
+        """Each file's stamp when its bytes were last hashed (unchanged: not hashed again)."""
         self._seq = itertools.count(1)
         self._wake = asyncio.Event()
         self.saves = Counter[str]()
         self.restores = Counter[str]()
         """Saves and restores by outcome (the metrics)."""
         self.restored_tokens = 0
+        self.restore_ms_per_byte = 1000.0 / READ_BYTES_PER_S
+        """What a restore costs llama-server's main loop, learned from each (a moving average)."""
 
     def now(self) -> float:
         """The wall clock the store's times are on."""
@@ -92,6 +106,32 @@ class Keeper:
         files, on_disk = self.shelf.load()
         self._apply_now(self.store.load(files, on_disk, self._wall()))
 
+    async def check_all(self) -> None:
+        """Hash every kept file once (in a thread, most recently used first): a damaged one is
+        deleted now rather than found when its conversation returns."""
+        adopted = False
+        for saved in sorted(self.store.files.values(), key=lambda f: -f.last_used):
+            checked = await asyncio.to_thread(index.check, self.shelf.dir / saved.name, saved, None)
+            adopted |= self._checked(saved, checked)
+            if checked.problem is not None:
+                log.warning("keep_kv: %s is damaged (%s): deleting it", saved.name, checked.problem)
+                self._apply_now(self.store.on_damaged(saved.name, checked.problem))
+        if adopted:
+            self.shelf.write(list(self.store.files.values()))
+        if names := index.quarantined(self.shelf.dir):
+            self.shelf.report(f"{len(names)} quarantined files in {self.shelf.dir} (their restore "
+                              f"left llama-server without an answer): {', '.join(names[:3])}; look "
+                              "at them or delete them")
+
+    def _checked(self, saved: SavedFile, checked: index.Checked) -> bool:
+        """Remember a good check's stamp; True when it gave an index entry its first digest."""
+        if checked.stamp is None or self.store.files.get(saved.name) is not saved:
+            return False
+        self._stamps[saved.name] = checked.stamp
+        adopted = not saved.digest
+        saved.digest = checked.digest
+        return adopted
+
     async def start(self) -> None:
         """Probe until llama-server answers; say once whether saving works."""
         while self.probe.working is None:
@@ -109,54 +149,97 @@ class Keeper:
         if self.probe.model is not None:  # a working probe always read it
             self._apply_now(self.store.set_model(self.probe.model))
 
-    # ---- the prefill gate's hook ---------------------------------------------------------------------
+    # ---- the scheduler's hooks --------------------------------------------------------------------
 
-    async def before_admit(self, flight: Flight, ids: list[int], est: Estimate,
-                           note: str | None) -> tuple[Estimate, str | None]:
-        """Restore this request's conversation from its file into an idle slot first, when the file
-        holds most of its prompt and the server's cache little; fails open with a note."""
-        if not self.working:
-            return est, note
+    async def restorable(self, flight: Flight, ids: list[int],
+                         est: Estimate) -> tuple[Estimate, Restorable | None]:
+        """What a kept file could spare this request (None: nothing worth a restore), with the
+        estimate corrected by a fresh look at the slots (a restart of llama-server empties them)."""
+        if not self.working or not ids:
+            return est, None
         chain, variant = tuple(block_hashes(ids)), lora_variant(flight.lora_out)
         self._flights[flight] = (chain, variant, len(ids))
         # Asked as if nothing were cached: after a restart of llama-server the cache model is stale
         # until `/slots` shows it, and that read (a few ms, answered mid-decode) comes next.
         if self.store.candidate(chain, variant, len(ids), 0) is None:
-            return est, note
+            return est, None
         try:
-            return await self._restore(flight, ids, chain, variant, est, note)
+            self._apply_now(self.store.on_slots(await self._slots(), self._wall(), quiet=False))
+        except (UpstreamCallError, ValueError) as exc:
+            log.debug("keep_kv: cannot read /slots: %s", exc)
+            return est, None
+        est = estimate(ids, self._estimator.cache)  # a restart just seen empties the cache model
+        found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
+        if found is None:
+            return est, None
+        saved, covered = found
+        restore_ms = self.restore_ms_per_byte * saved.size
+        return est, Restorable(tokens=covered - est.cached_tokens, restore_ms=restore_ms,
+                               max_wait_s=self.store.knobs.max_wait_s)
+
+    async def restore(self, flight: Flight, ids: list[int]) -> Restored:
+        """Restore this request's file into an idle slot now (the scheduler counted one free)."""
+        try:
+            return await self._restore(flight, ids)
         except Exception as exc:  # a bug here must not fail the request
             log.exception("keep_kv: restoring for %s failed inside slotwise", flight.id)
-            return est, f"keep_kv: internal error ({type(exc).__name__}), forwarded as it came"
+            return Restored(estimate(ids, self._estimator.cache),
+                            f"internal error ({type(exc).__name__})", done=False)
 
-    async def _restore(self, flight: Flight, ids: list[int], chain: tuple[int, ...], variant: str,
-                       est: Estimate, note: str | None) -> tuple[Estimate, str | None]:
+    async def _restore(self, flight: Flight, ids: list[int]) -> Restored:
+        chain, variant, _ = self._flights.get(flight) or (tuple(block_hashes(ids)),
+                                                           lora_variant(flight.lora_out), len(ids))
         try:
             slots = await self._slots()
         except (UpstreamCallError, ValueError) as exc:
-            return est, f"keep_kv: cannot read /slots, forwarded as it came: {exc}"
+            return Restored(estimate(ids, self._estimator.cache), f"cannot read /slots: {exc}",
+                            done=False)
         self._apply_now(self.store.on_slots(slots, self._wall(), quiet=False))
-        est = estimate(ids, self._estimator.cache)  # a restart just seen empties the cache model
+        est = estimate(ids, self._estimator.cache)
         restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots)
         if restore is None:
             found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
-            if found is None:
-                return est, note
-            return est, f"keep_kv: no idle slot to restore {found[0].name} into, forwarded as it came"
+            if found is None:  # the server's cache holds it now, or the file went
+                return Restored(est, None, done=True)
+            return Restored(est, f"no idle slot to restore {found[0].name} into", done=False,
+                            no_slot=True)
+        if (damage := await self._check(restore)) is not None:
+            return Restored(est, f"{restore.name} is damaged ({damage}): deleted", done=False)
         task = next((s.task for s in slots if s.id == restore.slot), None)
         why = await self._restore_call(flight, restore, task)
         if why is not None:
-            return est, f"keep_kv: restoring {restore.name} failed, forwarded as it came: {why}"
+            return Restored(est, f"restoring {restore.name} failed: {why}", done=False)
         self._estimator.learn(ids[:restore.covered], None)
         flight.restored_tokens = restore.covered
         self.restored_tokens += restore.covered
-        return estimate(ids, self._estimator.cache), note
+        return Restored(estimate(ids, self._estimator.cache), None, done=True)
+
+    async def _check(self, restore: RestoreInto) -> str | None:
+        """Whether the file still holds the bytes saved; what is wrong with it (then deleted)."""
+        saved = self.store.files.get(restore.name)
+        if saved is None:  # deleted meanwhile
+            self.store.release(restore)
+            return "deleted meanwhile"
+        try:
+            checked = await asyncio.to_thread(index.check, self.shelf.dir / saved.name, saved,
+                                              self._stamps.get(saved.name))
+        except BaseException:
+            self.store.release(restore)
+            raise
+        if self._checked(saved, checked):
+            self.shelf.write(list(self.store.files.values()))
+        if checked.problem is None:
+            return None
+        log.warning("keep_kv: %s is damaged (%s): deleting it", saved.name, checked.problem)
+        self._apply_now(self.store.on_damaged(saved.name, checked.problem))
+        return checked.problem
 
     async def _restore_call(self, flight: Flight, restore: RestoreInto, task: int | None) -> str | None:
         """The restore and its record; why it failed, or None."""
         saved = self.store.files.get(restore.name)
         size = saved.size if saved is not None else 0
         rec = self._flight(f"{flight.id}-restore", restore.slot, "restore", restore.name, flight.client)
+        started = self._state.clock()
         rec.prompt_tokens, rec.kv_bytes = (saved.tokens if saved else None), size
         try:
             answer = await self._state.upstream.post_json(
@@ -164,16 +247,20 @@ class Keeper:
                 timeout_s=RESTORE_TIMEOUT_S + size / READ_BYTES_PER_S)
             n_restored = _count(answer, "n_restored")
         except UpstreamCallError as exc:
-            self._apply_now(self.store.on_restore_failed(restore, refused=exc.status == 400))
+            self._apply_now(self.store.on_restore_failed(restore, status=exc.status))
             self._record(rec, RESTORE_KIND, "failed", str(exc), exc.status)
             return str(exc)
         except BaseException as exc:  # the client left, or a bug: the slot is free again
-            self.store.on_restore_failed(restore, refused=False)
+            self.store.on_restore_abandoned(restore)
             gone = isinstance(exc, asyncio.CancelledError)
             self._record(rec, RESTORE_KIND, "client_gone" if gone else "failed",
                          "the request's client left" if gone else f"internal error: {exc!r}", None)
             raise
         self.store.on_restored(restore, n_restored, task, self._wall())
+        if size > 0:  # what a restore costs the server's main loop, per byte of file
+            took_ms = (self._state.clock() - started) * 1000.0
+            self.restore_ms_per_byte += RESTORE_COST_WEIGHT * (took_ms / size
+                                                               - self.restore_ms_per_byte)
         rec.prompt_tokens, rec.restored_tokens = n_restored, restore.covered
         rec.kv_bytes = answer["n_read"] if isinstance(answer.get("n_read"), int) else size
         self._record(rec, RESTORE_KIND, "done", None, 200)
@@ -206,6 +293,10 @@ class Keeper:
             self.probe = Probe(False, f"the probe failed inside slotwise: {exc!r}; keep_kv stays off")
         if not self.working:
             return
+        try:
+            await self.check_all()
+        except Exception:  # every restore checks its file anyway
+            log.exception("keep_kv: checking the kept files failed inside slotwise")
         while True:
             try:
                 await self.look()
@@ -253,13 +344,18 @@ class Keeper:
                 raise
             self._record(rec, SAVE_KIND, "failed", str(exc), exc.status)
             return
-        size = index.file_size(self.shelf.dir, save.temp)
-        if size is None:
+        try:
+            size, digest, stamp = await asyncio.to_thread(index.seal, self.shelf.dir / save.temp)
+        except OSError as exc:
             self.store.on_save_failed(save)
-            self._record(rec, SAVE_KIND, "failed", f"llama-server saved {save.temp}, but not in "
-                                                    f"keep_kv.dir ({self.shelf.dir})", 200)
+            self._apply_now([Delete(save.temp, "the save cannot be checked")])
+            problem = ("not in keep_kv.dir" if isinstance(exc, FileNotFoundError)
+                       else f"cannot be read by slotwise: {exc.strerror}")
+            self._record(rec, SAVE_KIND, "failed", f"llama-server saved {save.temp}, but it is "
+                                                    f"{problem} ({self.shelf.dir})", 200)
             return
-        decisions = self.store.on_saved(save, n_saved, size, self._wall())
+        decisions = self.store.on_saved(save, n_saved, size, self._wall(), digest=digest)
+        self._stamps[save.name] = stamp
         rec.prompt_tokens, rec.kv_bytes = n_saved, size
         kept = any(isinstance(d, KeepFile) for d in decisions)
         self._apply_now(decisions)
@@ -297,6 +393,10 @@ class Keeper:
         (self.saves if kind == SAVE_KIND else self.restores)[outcome] += 1
         self._state.timing_log.write(record)
         self._state.observe_record(record)
+
+
+KEEPER = web.AppKey("slotwise_keeper", Keeper)
+"""The running keeper (only when keep_kv.enabled): built with the scheduler (proxy/prefill/feature.py)."""
 
 
 def _count(answer: Any, key: str) -> int:

@@ -28,10 +28,13 @@ Rules (tests/test_keep_store.py has one class per rule):
    holds, then the one with the oldest task. No such slot: no restore (the request goes as it came).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
-   this server: another KV layout, a damaged file) deletes the file; one with no answer keeps it.
+   this server: another KV layout, a damaged file) deletes the file; one with no answer quarantines
+   it (llama-server may have crashed reading it: it is never tried again). A file whose bytes are not
+   the ones saved (its size or digest, checked before every restore and at start) is deleted.
 9. Model. Once llama-server's model is known, files saved from another model are deleted.
-10. Start. The index's files that are not on disk are forgotten; slotwise's files on disk that the
-   index does not list (a save cut short, a probe, a lost index) are deleted; then the budget runs.
+10. Start. The index's files that are not on disk are forgotten, those whose size on disk is not the
+   size saved (cut short by a power loss) are deleted; slotwise's files on disk that the index does
+   not list (a save cut short, a probe, a lost index) are deleted; then the budget runs.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from proxy.keep.values import (
     ForgetCache,
     KeepFile,
     Knobs,
+    Quarantine,
     RestoreInto,
     SavedFile,
     SaveSlot,
@@ -148,7 +152,8 @@ class KeepStore:
 
     # ---- rules 5, 6 ------------------------------------------------------------------------------
 
-    def on_saved(self, save: SaveSlot, n_saved: int, size: int, now: float) -> list[Decision]:
+    def on_saved(self, save: SaveSlot, n_saved: int, size: int, now: float, *,
+                 digest: str) -> list[Decision]:
         self.saving = None
         conv = self.conversations.get(save.name)
         if conv is None or n_saved != save.tokens:
@@ -156,7 +161,7 @@ class KeepStore:
                                       "of its conversation: it changed during the save")]
         new = SavedFile(name=save.name, chain=conv.chain, variant=conv.variant,
                         model=self.model or "", tokens=n_saved, size=size, saved_at=now,
-                        last_used=now)
+                        last_used=now, digest=digest)
         old = self.files.get(save.name)
         if old is not None:
             new.uses = old.uses
@@ -220,7 +225,7 @@ class KeepStore:
 
     def on_restored(self, restore: RestoreInto, n_restored: int, task: int | None,
                     now: float) -> None:
-        self.restoring.pop(restore.slot, None)
+        self.release(restore)
         f = self.files.get(restore.name)
         if f is None:
             return
@@ -234,16 +239,38 @@ class KeepStore:
         conv.slot, conv.task, conv.slot_tokens, conv.placing = restore.slot, task, n_restored, False
         self.conversations[f.name] = conv
 
-    def on_restore_failed(self, restore: RestoreInto, *, refused: bool) -> list[Decision]:
-        self.restoring.pop(restore.slot, None)
+    def on_restore_failed(self, restore: RestoreInto, *, status: int | None) -> list[Decision]:
+        """`status`: llama-server's answer, None when none came (it may have crashed on the file)."""
+        self.on_restore_abandoned(restore)
+        if status is None:
+            self.forget([restore.name])
+            return [Quarantine(restore.name, "its restore got no answer: llama-server may have "
+                                             "crashed reading it, so it is never restored again")]
+        if status == 400:
+            self.forget([restore.name])
+            return [Delete(restore.name, "llama-server refused to restore it (another KV layout "
+                                         "or model, or a damaged file)")]
+        return []
+
+    def on_restore_abandoned(self, restore: RestoreInto) -> None:
+        """A restore that ended without its answer (failed, or its caller left): the slot is free
+        again, and what it holds is not known (a failed restore empties it)."""
+        self.release(restore)
         for conv in self.conversations.values():
-            if conv.slot == restore.slot:  # a failed restore empties the slot
+            if conv.slot == restore.slot:
                 self._leave(conv)
-        if not refused:
-            return []
-        self.forget([restore.name])
-        return [Delete(restore.name, "llama-server refused to restore it (another KV layout or "
-                                     "model, or a damaged file)")]
+
+    def release(self, restore: RestoreInto) -> None:
+        """A restore that will not be asked for (or whose caller left): its slot is free again."""
+        if self.restoring.get(restore.slot) == restore:
+            del self.restoring[restore.slot]
+
+    def on_damaged(self, name: str, why: str) -> list[Decision]:
+        """The file's bytes are not the ones saved (`why`): it goes, and no restore of it runs."""
+        for restore in [r for r in self.restoring.values() if r.name == name]:
+            self.release(restore)
+        self.forget([name])
+        return [Delete(name, f"damaged: {why}")]
 
     # ---- rule 9 ----------------------------------------------------------------------------------
 
@@ -258,13 +285,15 @@ class KeepStore:
 
     def load(self, files: Iterable[SavedFile], on_disk: dict[str, int], now: float) -> list[Decision]:
         """The index read at start, and slotwise's files found on disk (name -> size)."""
-        self.files = {f.name: f for f in files if f.name in on_disk}
-        for f in self.files.values():
-            f.size = on_disk[f.name]
+        listed = {f.name: f for f in files if f.name in on_disk}
+        self.files = {name: f for name, f in listed.items() if on_disk[name] == f.size}
+        cut: list[Decision] = [Delete(name, f"damaged: {on_disk[name]} bytes on disk, {f.size} "
+                                            "saved (cut short, as by a power loss)")
+                               for name, f in sorted(listed.items()) if name not in self.files]
         orphans: list[Decision] = [Delete(name, "not in slotwise's index (a save cut short, or a "
                                                 "lost index)")
-                                   for name in sorted(on_disk) if name not in self.files]
-        return [*orphans, *self.budget(now)]
+                                   for name in sorted(on_disk) if name not in listed]
+        return [*cut, *orphans, *self.budget(now)]
 
     # ---- views -----------------------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ FILE_PREFIX = "slotwise-"
 FILE_SUFFIX = ".kv"
 PART_SUFFIX = ".part"
 """A save is written under `<name>.part` and renamed when it proved to hold what was asked."""
+QUARANTINE_SUFFIX = ".quarantined"
+"""A file whose restore left llama-server without an answer (it may have crashed on it) is renamed
+`<name>.quarantined`: never restored again, kept for the operator to look at or delete."""
 
 
 def file_name(chain: tuple[int, ...], variant: str) -> str:
@@ -35,6 +38,11 @@ def is_ours(name: str) -> bool:
     """A file slotwise made in the save directory (others' files there are never touched)."""
     return name.startswith(FILE_PREFIX) and (name.endswith(FILE_SUFFIX)
                                              or name.endswith(FILE_SUFFIX + PART_SUFFIX))
+
+
+def is_quarantined(name: str) -> bool:
+    """A file slotwise set aside after a restore of it got no answer (never restored again)."""
+    return name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX + QUARANTINE_SUFFIX)
 
 
 def common_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -94,12 +102,14 @@ class Knobs:
     max_files: int = 64
     max_age_s: float = 14 * 86400.0
     min_tokens: int = 1024
+    max_wait_s: float = 60.0
 
 
 def knobs(config: KeepKvConfig) -> Knobs:
     return Knobs(save_after_idle_s=config.save_after_idle_s,
                  max_bytes=int(config.max_disk_gb * 1e9), max_files=config.max_files,
-                 max_age_s=config.max_age_days * 86400.0, min_tokens=config.min_tokens)
+                 max_age_s=config.max_age_days * 86400.0, min_tokens=config.min_tokens,
+                 max_wait_s=config.max_wait_s)
 
 
 def lora_variant(lora: Any) -> str:
@@ -151,6 +161,9 @@ class SavedFile:
     last_used: float
     uses: int = 0
     """Restores from it."""
+    digest: str = ""
+    """SHA-256 of the file as saved (hex): a file whose bytes differ is never restored, since
+    llama-server aborts on a damaged one. "" in an index written before slotwise kept digests."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -160,7 +173,8 @@ class SavedFile:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "chain": list(self.chain), "variant": self.variant,
                 "model": self.model, "tokens": self.tokens, "size": self.size,
-                "saved_at": self.saved_at, "last_used": self.last_used, "uses": self.uses}
+                "saved_at": self.saved_at, "last_used": self.last_used, "uses": self.uses,
+                "digest": self.digest}
 
     @staticmethod
     def from_json(data: Any) -> SavedFile:
@@ -169,7 +183,7 @@ class SavedFile:
         return SavedFile(name=str(data["name"]), chain=chain, variant=str(data["variant"]),
                          model=str(data["model"]), tokens=int(data["tokens"]), size=int(data["size"]),
                          saved_at=float(data["saved_at"]), last_used=float(data["last_used"]),
-                         uses=int(data["uses"]))
+                         uses=int(data["uses"]), digest=str(data.get("digest", "")))
 
 
 # ---- decisions ------------------------------------------------------------------------------------
@@ -213,9 +227,17 @@ class Delete:
 
 
 @dataclass(frozen=True)
+class Quarantine:
+    """Rename the file `name` to `<name>.quarantined` (and forget it); `reason` for the log."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ForgetCache:
     """llama-server restarted: its slots and RAM cache are empty; the cache model must forget."""
 
 
-Decision = SaveSlot | KeepFile | RestoreInto | Delete | ForgetCache
+Decision = SaveSlot | KeepFile | RestoreInto | Delete | Quarantine | ForgetCache
 

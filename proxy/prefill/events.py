@@ -22,6 +22,17 @@ class Arrived:
     now: float
 
 
+@dataclass(frozen=True)
+class Restorable:
+    """What a kept file (keep_kv) could spare a request that arrived: the prompt tokens it holds
+    beyond what the server's cache does, what restoring it costs, and how long the operator lets a
+    request wait for a slot to restore it into."""
+
+    tokens: int
+    restore_ms: float
+    max_wait_s: float
+
+
 # ---- decisions -----------------------------------------------------------------------------------
 
 
@@ -51,6 +62,14 @@ class FeedPiece:
 
 
 @dataclass(frozen=True)
+class Restore:
+    """Restore the request's kept file into a free slot now (a slot is counted for it until
+    `on_restored` or `on_restore_failed`)."""
+
+    req_id: str
+
+
+@dataclass(frozen=True)
 class Forward:
     """Send the real request now (after pieces, or failing open); `reason` goes into its record."""
 
@@ -73,4 +92,4 @@ class CancelPiece:
     req_id: str
 
 
-Decision = Admit | Hold | FeedPiece | Forward | Reject | CancelPiece
+Decision = Admit | Hold | FeedPiece | Restore | Forward | Reject | CancelPiece

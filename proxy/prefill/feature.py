@@ -1,5 +1,8 @@
-"""The prefill feature: builds the estimator, the piece feeder and the gate for a running proxy,
-makes the gate `state.gate`, subscribes it to the registry, and runs its tick loop.
+"""The scheduler of llama-server's time, composed: the estimator, the pure policy, the keeper of
+saved KV (keep_kv, when enabled) and the warm-ups are built here together and handed to the gate as
+constructor arguments (`hooks.py`); the gate becomes `state.gate`, hears the registry, and runs the
+one tick loop. The warm and keep features add their routes, metrics, status and loops around the
+parts built here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
 """
@@ -11,11 +14,15 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.keep.keeper import KEEPER, Keeper
 from proxy.ops.background import background
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
+from proxy.prefill.policy import PrefillPolicy
 from proxy.state import STATE
+from proxy.warm.routes import WARMER
+from proxy.warm.warmer import Warmer
 
 GATE = web.AppKey("slotwise_prefill_gate", PrefillGate)
 ESTIMATOR = web.AppKey("slotwise_estimator", Estimator)
@@ -28,23 +35,30 @@ def install(app: web.Application) -> None:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
+    config = state.config
     estimator = Estimator(state.upstream)
-    await estimator.prepare(state.config.prefill)
+    await estimator.prepare(config.prefill)
 
     async def check(new: Config) -> None:
         await estimator.prepare(new.prefill)
 
-    gate = PrefillGate(config=state.config.prefill, estimator=estimator,
-                       feeder=PieceFeeder(state.upstream),
-                       registry=state.registry, clock=state.clock)
-    app[GATE] = gate
-    app[ESTIMATOR] = estimator
+    policy = PrefillPolicy(config.prefill, n_batch=config.prefill.n_batch)
+    feeder = PieceFeeder(state.upstream)
+    keeper = Keeper(state, estimator) if config.keep_kv.enabled else None
+    warmer = Warmer(state, policy.snapshot, estimator, feeder, policy.observe_piece)
+    gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,
+                       registry=state.registry, clock=state.clock, policy=policy, keep=keeper,
+                       warm=warmer)
+    app[GATE], app[ESTIMATOR], app[WARMER] = gate, estimator, warmer
+    if keeper is not None:
+        app[KEEPER] = keeper
     state.gate = gate
     state.registry.subscribe(gate.on_phase)
     state.reload_checks.append(check)
     state.reload_hooks.append(lambda new: gate.reconfigure(new.prefill))
+
     async def read_layout() -> None:  # at start (and its warning), not at the first request
-        if state.config.prefill.mode != "off":
+        if state.config.prefill.mode != "off" or keeper is not None:
             await estimator.read_props(state.config.prefill.mode)
 
     try:

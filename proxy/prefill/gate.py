@@ -1,8 +1,11 @@
 """The prefill gate: the one place where the policy's decisions become I/O.
 
-It estimates each request, tells the pure `PrefillPolicy` what happened (arrivals, phase changes
-from the registry, pieces, clients leaving, ticks) and applies what it answers: a future per held
-request, a task per piece in flight, a background loop that ticks at the policy's next wakeup.
+It estimates each request (whenever a feature needs it: `chunk`, `defer`, or kept KV), asks the
+keeper what a kept file could spare it, tells the pure `PrefillPolicy` what happened (arrivals,
+phase changes from the registry, pieces, restores, clients leaving, ticks) and applies what it
+answers: a future per held request, a task per piece or restore in flight, a background loop that
+ticks at the policy's next wakeup. The keeper and the warm-ups come in as constructor arguments
+(`hooks.py`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +29,10 @@ from proxy.prefill.events import (
     FeedPiece,
     Forward,
     Reject,
+    Restore,
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
+from proxy.prefill.hooks import KeepHook, Restored, WarmHook
 from proxy.prefill.policy import PrefillPolicy
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase, PrefillPlan
@@ -55,6 +60,7 @@ class _Request:
     release: asyncio.Future[Release] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     piece: asyncio.Task[None] | None = None
+    restore: asyncio.Task[None] | None = None
     logged: tuple[str, int] | None = None
     """The strategy and piece-size band last logged at info (`_log_choice`)."""
 
@@ -64,9 +70,12 @@ class PrefillGate:
 
     def __init__(self, *, config: PrefillConfig, estimator: Estimator,
                  feeder: PieceFeeder, registry: Registry,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 policy: PrefillPolicy | None = None, keep: KeepHook | None = None,
+                 warm: WarmHook | None = None) -> None:
         self._cfg = config
-        self._policy = PrefillPolicy(self._cfg, n_batch=self._cfg.n_batch)
+        self._policy = policy if policy is not None else PrefillPolicy(config,
+                                                                       n_batch=config.n_batch)
         self._estimator = estimator
         self._feeder = feeder
         self._registry = registry
@@ -76,11 +85,10 @@ class PrefillGate:
         self._ids: dict[str, list[int]] = {}  # their prompt ids, to correct the cache model
         self._deciding: dict[str, _Request] = {}
         self._wake = asyncio.Event()
-        # warm: set by proxy/warm/feature.py; ends this conversation's warm-up before the estimate
-        self.warm: Callable[[Flight, dict[str, Any]], Awaitable[None]] | None = None
-        # keep_kv: set by proxy/keep/feature.py; restores a saved conversation before the policy
-        self.keep: Callable[[Flight, list[int], Estimate, str | None],
-                            Awaitable[tuple[Estimate, str | None]]] | None = None
+        self._warm = warm
+        """Ends this conversation's warm-up before the estimate (its work is then cached)."""
+        self._keep = keep
+        """What a kept file could spare a request, and its restore when the policy says so."""
 
     @property
     def policy(self) -> PrefillPolicy:
@@ -94,17 +102,19 @@ class PrefillGate:
         `flight.prefill` as it happens, so a client that leaves meanwhile still has it."""
         if flight.kind not in GENERATING:
             return
-        if self.warm is not None:  # warm (proxy/warm): its work is then in the cache model
-            await self.warm(flight, body)
+        if self._warm is not None:  # warm (proxy/warm): its work is then in the cache model
+            await self._warm.claim(flight, body)
         cfg = self._cfg
         key = f"{flight.id}#{next(self._seq)}"
-        if cfg.mode == "off":  # no estimate: zero added latency; still tracked as generating
+        if cfg.mode == "off" and self._keep is None:  # no estimate: zero added latency
             self._keys[flight] = key
             self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
             return
         ids, est, note = await self._estimate(cfg, flight.kind, body)
-        if self.keep is not None and ids:  # keep_kv (proxy/keep): restored prefix is then cached
-            est, note = await self.keep(flight, ids, est, note)
+        restorable = None
+        if self._keep is not None and ids:  # keep_kv (proxy/keep)
+            est, restorable = await self._keep.restorable(flight, ids, est)
+        self._policy.set_slots(self._estimator.layout.slots)
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
@@ -116,7 +126,8 @@ class PrefillGate:
         start = self._clock()
         try:
             self._apply(self._policy.on_arrival(key, est.new_tokens if ids else 0,
-                                                est.prompt_tokens if ids else 0, start))
+                                                est.prompt_tokens if ids else 0, start,
+                                                restorable))
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)
@@ -143,8 +154,9 @@ class PrefillGate:
         try:
             return await request.release
         except asyncio.CancelledError:  # the client left: end its plan at once
-            if request.piece is not None:
-                request.piece.cancel()
+            for task in (request.piece, request.restore):
+                if task is not None:
+                    task.cancel()
             self._apply(self._policy.on_client_left(request.key, self._clock()))
             raise
         finally:
@@ -182,6 +194,8 @@ class PrefillGate:
                     self._settle(decision)
                 case FeedPiece():
                     self._start_piece(decision)
+                case Restore():
+                    self._start_restore(decision)
                 case CancelPiece():
                     request = self._deciding.get(decision.req_id)
                     if request is not None and request.piece is not None:
@@ -201,6 +215,24 @@ class PrefillGate:
         self._log_choice(request)
         request.piece = asyncio.create_task(self._piece(request, decision.upto_tokens),
                                             name=f"slotwise-piece-{request.key}")
+
+    def _start_restore(self, decision: Restore) -> None:
+        request = self._deciding.get(decision.req_id)
+        if request is None or self._keep is None:  # cannot happen: only asked for with a keeper
+            log.error("the policy restored %s, which the gate cannot", decision.req_id)
+            return
+        request.restore = asyncio.create_task(self._restore(request, self._keep),
+                                              name=f"slotwise-restore-{request.key}")
+
+    async def _restore(self, request: _Request, keep: KeepHook) -> None:
+        restored: Restored = await keep.restore(request.flight, request.ids)
+        facts, now = request.flight.prefill, self._clock()
+        if restored.done:
+            facts.est_new_tokens = restored.est.new_tokens
+            self._apply(self._policy.on_restored(request.key, restored.est.new_tokens, now))
+        else:
+            self._apply(self._policy.on_restore_failed(request.key, restored.problem or "failed",
+                                                       now, no_slot=restored.no_slot))
 
     def _log_choice(self, request: _Request) -> None:
         """One line when a cold request's way on changes (a strategy, or a piece size band), so the
@@ -266,7 +298,8 @@ class PrefillGate:
 
     async def close(self) -> None:
         """Stop the pieces in flight (their connections close; the server cancels them)."""
-        tasks = [r.piece for r in self._deciding.values() if r.piece and not r.piece.done()]
+        tasks = [task for r in self._deciding.values() for task in (r.piece, r.restore)
+                 if task is not None and not task.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,8 +1,9 @@
-"""The one cold request the policy is holding or feeding (its plan): how far its pieces got, and
-how its release is worded. Pure data with a little arithmetic; the policy decides."""
+"""A cold request the policy is holding or feeding (its plan): how far its pieces got, and how its
+release is worded. Pure data with a little arithmetic; the policy decides."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proxy.prefill.events import Admit, Arrived, Forward
@@ -19,7 +20,6 @@ class HeldRequest:
     """`defer`: when the hold ends at the latest."""
     piece_upto: int | None = None
     """The prefix a piece in flight computes; None between pieces."""
-    next_piece_at: float = 0.0
     pieces_done: int = 0
     largest_piece: int | None = None
     """The most tokens one of its pieces computed (the strategy's ramp)."""
@@ -30,6 +30,15 @@ class HeldRequest:
     prompts (rules 6 and 8)."""
     hold_until: float | None = None
     """`chunk`: held until then because no piece size helped (the strategy's HOLD)."""
+
+    @property
+    def rest(self) -> int:
+        """Prompt tokens still to compute."""
+        return self.req.est_prompt_tokens - self.done_upto
+
+    def rest_key(self) -> tuple[int, float]:
+        """Rule 4's order: the fewest tokens left first, then the earliest arrival."""
+        return self.rest, self.req.now
 
     @classmethod
     def for_request(cls, req: Arrived, max_hold_s: float) -> HeldRequest:
@@ -49,9 +58,15 @@ class HeldRequest:
         return Admit(self.req.req_id, text) if self.pieces_done == 0 else Forward(self.req.req_id,
                                                                                    text)
 
-    def progress(self) -> ChunkProgress:
+    def progress(self, next_piece_at: float) -> ChunkProgress:
+        """`next_piece_at`: when the policy's next piece may go (after the last one's pause)."""
         return ChunkProgress(
             req_id=self.req.req_id, done_tokens=self.done_upto,
             total_tokens=self.req.est_prompt_tokens, pieces_done=self.pieces_done,
             piece_in_flight_upto=self.piece_upto,
-            next_piece_at=self.next_piece_at if self.piece_upto is None else None)
+            next_piece_at=next_piece_at if self.piece_upto is None else None)
+
+
+def shortest_rest(plans: Iterable[HeldRequest]) -> HeldRequest:
+    """The plan the next piece goes to (rule 4); ValueError when there is none."""
+    return min(plans, key=HeldRequest.rest_key)

@@ -6,8 +6,6 @@ The async gate applies the decisions and reports what happened back as events.
 
 from __future__ import annotations
 
-from collections import deque
-
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCostModel
 from proxy.prefill.events import (
@@ -19,10 +17,14 @@ from proxy.prefill.events import (
     Forward,
     Hold,
     Reject,
+    Restorable,
+    Restore,
 )
-from proxy.prefill.held import HeldRequest
+from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import ChunkKnobs, Situation
-from proxy.prefill.pacing import idle_piece, pieces_share
+from proxy.prefill.pacing import BEHIND_SHARE, idle_piece, pieces_share
+from proxy.prefill.restores import RestoreLine, wait_s
+from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
@@ -33,141 +35,175 @@ LEARN_MIN_TOKENS = 256
 turns are left out: their prompt time is mostly per-request work, and with one shared KV they attend
 over other slots' cells the model does not see, so they read as a much cheaper machine than the
 one a piece meets (seen: pieces predicted at 85 ms that took 240)."""
-SENT_GRACE_S = 0.5
-"""Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
-only once it starts); the next piece waits for it this long at most, since a non-streamed request
-shows nothing until it ends."""
-
 
 class PrefillPolicy:
-    """Decides, per request, Admit / Hold / FeedPiece / Forward / Reject / CancelPiece.
+    """Decides, per request, Admit / Hold / FeedPiece / Restore / Forward / Reject / CancelPiece.
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`. Any other request is
-        admitted at once and never waits behind a cold one.
-     2. Mode `off`: every request is admitted at once.
+        admitted at once and never waits behind a cold one (but see rule 14's claimed slot).
+     2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
-        ahead of it is admitted at once (full speed).
-     4. One cold request at a time is held or fed in pieces (the active plan). Other cold requests
-        wait (Hold) in arrival order; one more than `max_waiting` waiting is rejected.
-     5. `defer`: the active cold request is held while others generate and admitted as soon as
-        nobody does, or by `on_tick` once it has been held `max_hold_s` since its arrival.
-     6. `chunk`: while others generate, the active cold request goes on the way `choose_piece`
+        held is admitted at once (full speed).
+     4. Cold requests share the prefill time: each one held has its own plan, at most one piece is
+        in flight, and the next piece (or release) goes to the plan with the fewest tokens left to
+        compute, then the earliest: a short first turn waits for the piece in flight, not for a
+        long history's whole rest. One held beyond `max_waiting` + 1 is rejected.
+     5. `defer`: cold requests are held while others generate; when nobody does, the one with the
+        fewest tokens left is admitted (it then generates, and the others wait for it); each is
+        admitted by `on_tick` once it has been held `max_hold_s` since its arrival.
+     6. `chunk`: while others generate, the chosen plan goes on the way `choose_piece`
         (strategy.py, its own numbered rules) picks from the fitted batch cost at its prefix:
         PIECES or LARGER_PIECES: fed as cumulative token-id prefixes, FeedPiece(upto), starting
-        after the tokens already cached; after each piece a pause of piece_time * (1 - share) /
-        share (`on_tick` sends the next piece), share = `prefill_share`, or more when the cold
-        request would otherwise take over `max_cold_factor` × its time alone. WHOLE (the rest
-        fits one piece, or no option beats sending it): the real request is forwarded. HOLD:
-        held like `defer` until the hold the strategy chose ends (then forwarded whole), or
-        nobody generates (rule 7).
-     7. `chunk`: as soon as nobody is generating, the rest goes at full speed: forwarded at once if
-        its predicted time is under IDLE_WHOLE × `max_stall_ms`, else fed in pieces of up to
-        IDLE_STALL × `max_stall_ms` back to back (in a chat, users pause between turns; one who
-        comes back waits for one such piece, not for the whole rest). A piece already in flight is
-        let finish first, since its work is kept in the cache.
+        after the tokens already cached; after each piece, whoever's it was, the next one waits a
+        pause of piece_time * (1 - share) / share (`on_tick` sends it), share = `prefill_share`,
+        or more when the fed request would otherwise take over `max_cold_factor` × its time
+        alone, but never above BEHIND_SHARE: a request behind its bound shortens the streams'
+        pauses, never removes them, so their longest gap stays about one piece. WHOLE (the rest
+        fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
+        plan is held like `defer` until the hold the strategy chose ends (then forwarded whole),
+        or nobody generates (rule 7); the other plans go on meanwhile.
+     7. `chunk`: as soon as nobody is generating, the chosen plan's rest goes at full speed:
+        forwarded at once if its predicted time is under IDLE_WHOLE × `max_stall_ms`, else fed in
+        pieces of up to IDLE_STALL × `max_stall_ms` back to back (in a chat, users pause between
+        turns; one who comes back waits for one such piece, not for the whole rest). A piece
+        already in flight is let finish first, since its work is kept in the cache.
      8. Short requests that arrive while a cold one is fed are admitted at once (rule 1); the plan
         is unchanged: the next piece still waits for its pause, and also while any other request
         is computing its prompt (PREFILLING) or was sent less than SENT_GRACE_S ago and has not
         started it yet, so that short prompts go between pieces, not into a piece's batch; unless
-        the cold request has fallen behind `max_cold_factor` (rule 6's share is 1): then it no
-        longer yields (chat users whose turns come one after another would starve it).
+        the fed request has fallen behind `max_cold_factor`: then it no longer yields (chat users
+        whose turns come one after another would starve it).
      9. The batch cost (batch_cost.py) is learned from every piece (its time at its prefix, with the
         streams decoding beside it) and every finished request's prefill (prompt_n after cache_n
         in prompt_ms, if >= LEARN_MIN_TOKENS); it starts at a conservative prior.
-    10. A client that leaves ends its part at once: an active plan ends (CancelPiece if a piece is
-        in flight), a waiting request leaves the line, a sent request stops counting as generating.
-    11. A failed piece ends the plan: the real request is forwarded as it came (fail open), with
+    10. A client that leaves ends its part at once: its plan ends (CancelPiece if a piece is in
+        flight), a waiting request leaves its line, a sent request stops counting as generating.
+    11. A failed piece ends its plan: the real request is forwarded as it came (fail open), with
         the reason.
-    12. When an active plan ends, the next waiting cold request becomes active and rules 3, 5, 6
-        apply to it; the request just released counts as generating.
+    12. Every slot user counts: requests sent, the piece in flight and restores running; with the
+        server's slot count known (`set_slots`), the free slots are the rest.
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
-        `off` the active one and every waiting one are released at once.
+        `off` every plan is released at once.
+    14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
+        it goes: Restore when a slot is free, else it waits for one, for as long as waiting is
+        predicted to cost less than computing what the file spares (`restores.wait_s`). The next
+        slot to come free is claimed for it: while a restore waits or runs and no slot is free,
+        other requests are held behind it (they would queue in the server anyway) until it is
+        sent. Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
+        restore left (a returning conversation is no longer cold). A restore that found no idle
+        slot waits for the next request to finish; one that failed otherwise, or whose wait ran
+        out, is decided as it came (computed), with the reason.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
-                 cost: BatchCostModel | None = None) -> None:
+                 cost: BatchCostModel | None = None, slots: int | None = None) -> None:
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
         self._cfg = config
         self._n_batch = n_batch
         self._cost = cost if cost is not None else BatchCostModel()
-        self._in_flight: dict[str, Phase] = {}
-        self._sent_at: dict[str, float] = {}
-        self._line: deque[Arrived] = deque()
-        self._held: HeldRequest | None = None
+        self._slots = slots
+        self._use = ServerUse()
+        self._plans: dict[str, HeldRequest] = {}  # cold requests held or fed, in arrival order
+        self._restores = RestoreLine()
+        self._behind: dict[str, Arrived] = {}  # held while a slot is claimed for a restore
+        self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
+        self._next_piece_at = 0.0
 
     # ---- events ----------------------------------------------------------------------------
 
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
-                   now: float) -> list[Decision]:
-        if self._cfg.mode == "off":
-            return self._admit(req_id, "prefill.mode off", now)
-        if est_new_tokens < self._cfg.cold_tokens:
-            return self._admit(req_id, "not cold", now)
-        if self._held is None and not self._in_flight:
-            return self._admit(req_id, "cold, nobody generating", now)
-        if self._held is not None and len(self._line) >= self._cfg.max_waiting:
-            return [Reject(req_id, f"{len(self._line)} cold requests already waiting "
-                                   f"(prefill.max_waiting = {self._cfg.max_waiting})")]
-        self._line.append(Arrived(req_id, est_new_tokens, est_prompt_tokens, now))
-        why = "waiting for its turn" if self._held is not None else "others generating"
-        return [Hold(req_id, why), *self._advance(now)]
+                   now: float, restorable: Restorable | None = None) -> list[Decision]:
+        arrived = Arrived(req_id, est_new_tokens, est_prompt_tokens, now)
+        if restorable is not None and restorable.tokens > 0:
+            wait = wait_s(self._cost.cost, arrived, restorable, self._n_batch)
+            self._restores.add(arrived, restorable, wait)
+            return [Hold(req_id, "waiting for a slot to restore its kept KV into"),
+                    *self._advance(now)]
+        return self._arrive(arrived, now)
+
+    def on_restored(self, req_id: str, est_new_tokens: int, now: float) -> list[Decision]:
+        """Its file is in a slot now; `est_new_tokens` are left to compute."""
+        waiting = self._restores.pop(req_id)
+        if waiting is None:
+            return []
+        req = waiting.req
+        return [*self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now),
+                              now), *self._advance(now)]
+
+    def on_restore_failed(self, req_id: str, reason: str, now: float, *,
+                          no_slot: bool = False) -> list[Decision]:
+        """`no_slot`: no idle slot was found: it waits for the next request to finish."""
+        waiting = self._restores.waiting.get(req_id)
+        if waiting is None:
+            return []
+        waiting.running = False
+        if no_slot and now < waiting.until:
+            waiting.needs_a_finish = True
+            return self._advance(now)
+        self._restores.pop(req_id)
+        self._notes[req_id] = f"keep_kv: {reason}, computed instead"
+        return [*self._arrive(waiting.req, now), *self._advance(now)]
+
+    def set_slots(self, slots: int | None) -> None:
+        """The server's slot count (`/props`), once known."""
+        self._slots = slots
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
         return self._set_phase(req_id, Phase.PREFILLING)
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.DECODING)
-        return self._advance(now) if self._held is not None else []
+        return self._advance(now) if self._plans else []
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
             self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
-                                       self._decoders(besides=req_id))
-        self._sent_at.pop(req_id, None)
-        if self._in_flight.pop(req_id, None) is None:
+                                       self._use.decoders(besides=req_id))
+        if not self._use.ended(req_id):
             return []
+        self._restores.a_request_finished()
         return self._advance(now)
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
                       now: float) -> list[Decision]:
-        held = self._held
-        if held is None or held.req.req_id != req_id or held.piece_upto is None:
+        held = self._plans.get(req_id)
+        if held is None or held.piece_upto is None:
             return []
-        self._cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms, self._decoders())
+        self._cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms, self._use.decoders())
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.largest_piece = max(held.largest_piece or 0, tokens)
         share = self._share(held, now)
         held.behind = share >= 1.0
-        held.next_piece_at = now + pause_s(elapsed_ms / 1000.0, share)
+        self._next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return self._advance(now)
 
     def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
         """A piece fed for something else than a held request (a warm-up) teaches the batch cost
         too (rule 9); nothing else changes."""
-        self._cost.observe_piece(tokens, ctx, elapsed_ms, self._decoders())
+        self._cost.observe_piece(tokens, ctx, elapsed_ms, self._use.decoders())
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        held = self._held
-        if held is None or held.req.req_id != req_id:
+        held = self._plans.get(req_id)
+        if held is None:
             return []
-        return [*self._release(Forward(req_id, f"piece failed, forwarded as it came: {reason}"),
-                               now),
+        held.piece_upto = None
+        return [*self._release(held, Forward(req_id, f"piece failed, forwarded as it came: "
+                                                     f"{reason}"), now),
                 *self._advance(now)]
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
-        held = self._held
-        if held is not None and held.req.req_id == req_id:
-            self._held = None
+        self._notes.pop(req_id, None)
+        held = self._plans.pop(req_id, None)
+        if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
-        self._line = deque(a for a in self._line if a.req_id != req_id)
-        self._sent_at.pop(req_id, None)
-        if self._in_flight.pop(req_id, None) is None:
+        gone = self._restores.pop(req_id) or self._behind.pop(req_id, None)
+        if not self._use.ended(req_id) and gone is None:
             return []
         return self._advance(now)
 
@@ -176,33 +212,20 @@ class PrefillPolicy:
 
     def reconfigure(self, config: PrefillConfig, now: float) -> list[Decision]:
         """A reload: the new config rules from now on. Held requests are never dropped: with
-        mode `off` every one of them is released at once; otherwise the plan goes on under it."""
+        mode `off` every plan is released at once; otherwise they go on under it."""
         self._cfg, self._n_batch = config, config.n_batch
-        if config.mode != "off":
-            return self._advance(now)
         out: list[Decision] = []
-        if self._held is not None:
-            out.extend(self._release(self._held.release("prefill.mode off (reload)"), now))
-        while self._line:
-            out.extend(self._admit(self._line.popleft().req_id, "prefill.mode off (reload)", now))
-        return out
+        if config.mode == "off":
+            for held in list(self._plans.values()):
+                out.extend(self._release(held, held.release("prefill.mode off (reload)"), now))
+        return [*out, *self._advance(now)]
 
     # ---- queries ---------------------------------------------------------------------------
 
     def next_wakeup(self) -> float | None:
         """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
-        held = self._held
-        if held is None:
-            return None
-        if self._cfg.mode == "defer":
-            return held.deadline
-        if held.hold_until is not None:
-            return held.hold_until
-        if held.behind:
-            return None if held.piece_upto is not None else held.next_piece_at
-        if held.piece_upto is not None or self._others_prefilling():
-            return None  # an event (PieceDone, FirstToken, Finished) moves the plan on
-        return max(held.next_piece_at, self._sent_grace_end())
+        times = [t for t in (self._restores.next_wakeup(), self._plans_wakeup()) if t is not None]
+        return min(times, default=None)
 
     def choice(self, done_tokens: int, remaining_tokens: int,
                largest_piece: int | None = None) -> PieceChoice:
@@ -211,104 +234,181 @@ class PrefillPolicy:
                            prefill_share=self._cfg.prefill_share,
                            max_hold_ms=self._cfg.max_hold_s * 1000.0)
         situation = Situation(done_tokens=done_tokens, remaining_tokens=remaining_tokens,
-                              decoders=self._decoders(), largest_piece=largest_piece,
+                              decoders=self._use.decoders(), largest_piece=largest_piece,
                               probe=self._cost.needs_probe())
         return choose_piece(self._cost.cost, situation, knobs)
 
     def snapshot(self) -> PolicySnapshot:
-        held = self._held
-        waiting = tuple(a.req_id for a in self._line)
+        active = self._active()
+        waiting = tuple(r for r in self._plans if active is None or r != active.req.req_id)
+        others = tuple(self._restores.waiting) + tuple(self._behind)
         return PolicySnapshot(
             mode=self._cfg.mode,
-            held=((held.req.req_id,) if held else ()) + waiting,
+            held=((active.req.req_id,) if active else ()) + waiting + others,
             waiting=waiting,
-            chunking=held.progress() if held and self._cfg.mode == "chunk" else None,
-            in_flight=tuple(self._in_flight.items()),
+            chunking=(active.progress(self._next_piece_at) if active and self._cfg.mode == "chunk"
+                      else None),
+            in_flight=tuple(self._use.phases.items()),
             cost=self._cost.describe(),
-            choice=held.choice if held else None,
+            choice=active.choice if active else None,
         )
 
-    # ---- internals -------------------------------------------------------------------------
+    # ---- arrivals and releases ---------------------------------------------------------------
+
+    def _arrive(self, req: Arrived, now: float) -> list[Decision]:
+        """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
+        req_id = req.req_id
+        if self._claimed():
+            self._behind[req_id] = req
+            return [Hold(req_id, "waiting behind a restore into the next free slot")]
+        if self._cfg.mode == "off":
+            return self._admit(req_id, "prefill.mode off", now)
+        if req.est_new_tokens < self._cfg.cold_tokens:
+            return self._admit(req_id, "not cold", now)
+        if not self._plans and not self._use:
+            return self._admit(req_id, "cold, nobody generating", now)
+        if self._plans and len(self._plans) > self._cfg.max_waiting:
+            self._notes.pop(req_id, None)
+            return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
+                                   f"(prefill.max_waiting = {self._cfg.max_waiting})")]
+        why = "waiting for its turn" if self._plans else "others generating"
+        self._plans[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
+        return [Hold(req_id, why), *self._advance(now)]
 
     def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        self._in_flight[req_id] = Phase.QUEUED
-        self._sent_at[req_id] = now
-        return [Admit(req_id, reason)]
+        self._use.sent(req_id, now)
+        return [Admit(req_id, self._noted(req_id, reason))]
+
+    def _release(self, held: HeldRequest, decision: Admit | Forward, now: float) -> list[Decision]:
+        """End a plan: its request goes upstream and counts as generating from now on."""
+        req_id = decision.req_id
+        self._plans.pop(req_id, None)
+        self._use.sent(req_id, now)
+        reason = self._noted(req_id, decision.reason)
+        return [Admit(req_id, reason) if isinstance(decision, Admit) else Forward(req_id, reason)]
+
+    def _noted(self, req_id: str, reason: str) -> str:
+        note = self._notes.pop(req_id, None)
+        return reason if note is None else f"{note}; {reason}"
 
     def _set_phase(self, req_id: str, phase: Phase) -> list[Decision]:
-        if req_id in self._in_flight:
-            self._in_flight[req_id] = phase
+        self._use.moved(req_id, phase)
         return []
 
-    def _release(self, decision: Admit | Forward, now: float) -> list[Decision]:
-        """End the active plan: its request goes upstream and counts as generating from now on."""
-        self._held = None
-        self._in_flight[decision.req_id] = Phase.QUEUED
-        self._sent_at[decision.req_id] = now
-        return [decision]
+    # ---- deciding ----------------------------------------------------------------------------
 
     def _advance(self, now: float) -> list[Decision]:
-        """Apply rules 5-7 and 12 until nothing changes."""
+        """Apply rules 4-7 and 14 until nothing changes."""
         out: list[Decision] = []
         while True:
-            if self._held is None:
-                if not self._line:
-                    return out
-                self._held = HeldRequest.for_request(self._line.popleft(), self._cfg.max_hold_s)
-            held = self._held
-            out.extend(self._step(held, now))
-            if self._held is held:
+            step = [*self._restore_step(now), *self._plan_step(now), *self._unclaim(now)]
+            if not step:
                 return out
+            out.extend(step)
 
-    def _step(self, held: HeldRequest, now: float) -> list[Decision]:
-        req_id = held.req.req_id
+    def _restore_step(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        for waiting in self._restores.expired(now):
+            self._notes[waiting.req.req_id] = ("keep_kv: no slot came free to restore into "
+                                              "in time, computed instead")
+            out.extend(self._arrive(waiting.req, now))
+        started = self._restores.start(self._free_slots())
+        return [*out, *(Restore(r) for r in started)]
+
+    def _unclaim(self, now: float) -> list[Decision]:
+        """Rule 14: the requests held behind a restore go once no slot is claimed."""
+        if not self._behind or self._claimed():
+            return []
+        behind, self._behind = list(self._behind.values()), {}
+        return [d for req in behind for d in self._arrive(req, now)]
+
+    def _plan_step(self, now: float) -> list[Decision]:
+        if not self._plans:
+            return []
         if self._cfg.mode == "defer":
-            if not self._in_flight:
-                return self._release(Admit(req_id, "held until others finished"), now)
-            if now >= held.deadline:
-                return self._release(Admit(req_id, "held prefill.max_hold_s"), now)
+            return self._defer_step(now)
+        if any(p.piece_upto is not None for p in self._plans.values()):
             return []
-        if held.piece_upto is not None:
-            return []
-        rest = held.req.est_prompt_tokens - held.done_upto
-        if not self._in_flight:
-            return self._idle(held, rest, now)
-        if held.hold_until is not None:
-            if now < held.hold_until:
+        if not self._use:
+            return self._idle(shortest_rest(self._plans.values()), now)
+        for held in sorted(self._plans.values(), key=HeldRequest.rest_key):
+            if held.hold_until is not None:
+                if now < held.hold_until:
+                    continue
+                return self._release(held, held.release("held as the batch cost chose"), now)
+            choice = held.choice = self.choice(held.done_upto, held.rest, held.largest_piece)
+            if choice.strategy is Strategy.WHOLE:
+                return self._release(held, held.release(choice.reason), now)
+            if choice.strategy is Strategy.HOLD:
+                held.hold_until = now + choice.hold_ms / 1000.0
+                continue
+            if self._piece_waits(held, now):
                 return []
-            return self._release(held.release("held as the batch cost chose"), now)
-        choice = held.choice = self.choice(held.done_upto, rest, held.largest_piece)
-        if choice.strategy is Strategy.WHOLE:
-            return self._release(held.release(choice.reason), now)
-        if choice.strategy is Strategy.HOLD:
-            held.hold_until = now + choice.hold_ms / 1000.0
-            return []
-        if now < held.next_piece_at or (not held.behind and (
-                self._others_prefilling() or now < self._sent_grace_end())):
-            return []
-        held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
-        return [FeedPiece(req_id, held.piece_upto)]
+            held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
+            return [FeedPiece(held.req.req_id, held.piece_upto)]
+        return []
 
-    def _idle(self, held: HeldRequest, rest: int, now: float) -> list[Decision]:
+    def _defer_step(self, now: float) -> list[Decision]:
+        for held in self._plans.values():
+            if now >= held.deadline:
+                return self._release(held, Admit(held.req.req_id, "held prefill.max_hold_s"), now)
+        if self._use:
+            return []
+        held = shortest_rest(self._plans.values())
+        return self._release(held, Admit(held.req.req_id, "held until others finished"), now)
+
+    def _piece_waits(self, held: HeldRequest, now: float) -> bool:
+        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
+        return now < self._next_piece_at or (not held.behind and (
+            self._use.prefilling() or now < self._use.sent_grace_end()))
+
+    def _idle(self, held: HeldRequest, now: float) -> list[Decision]:
         """Rule 7: nobody generates: the rest whole if it is short, else an idle piece."""
-        piece = idle_piece(self._cost.cost, self._cfg, self._n_batch, held, rest)
+        piece = idle_piece(self._cost.cost, self._cfg, self._n_batch, held, held.rest)
         if piece is None:
-            return self._release(held.release("nobody generating"), now)
+            return self._release(held, held.release("nobody generating"), now)
         held.piece_upto = next_upto(held.done_upto, piece)
         return [FeedPiece(held.req.req_id, held.piece_upto)]
 
+    def _plans_wakeup(self) -> float | None:
+        if not self._plans:
+            return None
+        if self._cfg.mode == "defer":
+            return min(p.deadline for p in self._plans.values())
+        holds = [p.hold_until for p in self._plans.values() if p.hold_until is not None]
+        active = self._active()
+        if active is None or active.piece_upto is not None or active.hold_until is not None:
+            pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
+        elif active.behind:
+            pieces = self._next_piece_at
+        elif self._use.prefilling():
+            pieces = None
+        else:
+            pieces = max(self._next_piece_at, self._use.sent_grace_end())
+        return min([*holds, *([pieces] if pieces is not None else [])], default=None)
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def _active(self) -> HeldRequest | None:
+        """The plan with a piece in flight, else the one the next piece goes to (one not holding,
+        if any)."""
+        plans = self._plans.values()
+        fed = next((p for p in plans if p.piece_upto is not None), None)
+        if fed is not None:
+            return fed
+        going = [p for p in plans if p.hold_until is None] or list(plans)
+        return shortest_rest(going) if going else None
+
+    def _claimed(self) -> bool:
+        """Rule 14: a restore waits or runs, and no slot is free besides."""
+        return bool(self._restores) and self._free_slots() <= 0
+
+    def _free_slots(self) -> int:
+        """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
+        if self._slots is None:
+            return 1
+        pieces = sum(1 for p in self._plans.values() if p.piece_upto is not None)
+        return self._slots - len(self._use) - pieces - self._restores.running()
+
     def _share(self, held: HeldRequest, now: float) -> float:
-        return pieces_share(self._cost.cost, self._cfg, self._n_batch, held, self._decoders(), now)
-
-    def _decoders(self, besides: str | None = None) -> int:
-        """Requests decoding now (their tokens share every batch)."""
-        return sum(1 for r, phase in self._in_flight.items()
-                   if phase is Phase.DECODING and r != besides)
-
-    def _others_prefilling(self) -> bool:
-        return any(phase is Phase.PREFILLING for phase in self._in_flight.values())
-
-    def _sent_grace_end(self) -> float:
-        """When the last request sent but not yet prefilling stops holding the next piece."""
-        return max((self._sent_at[r] + SENT_GRACE_S for r, phase in self._in_flight.items()
-                    if phase is Phase.QUEUED), default=0.0)
+        return pieces_share(self._cost.cost, self._cfg, self._n_batch, held, self._use.decoders(), now)

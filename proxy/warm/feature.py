@@ -1,6 +1,6 @@
-"""The warm feature: the warm endpoints, a `Warmer` over the prefill feature's estimator and gate
-(installed after it), the gate's `warm` hook, the warm-ups' figures in /metrics, and the warmer's
-loop. At shutdown every warm-up still pending or running ends, cancelled, with its record.
+"""The warm feature, around the `Warmer` the scheduler built (proxy/prefill/feature.py, installed
+before it): the warm endpoints, the warm-ups' figures in /metrics, and the warmer's loop. At
+shutdown every warm-up still pending or running ends, cancelled, with its record.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from prometheus_client.core import Metric
 
 from proxy.ops.background import background
 from proxy.ops.metrics import METRICS
-from proxy.prefill.feature import ESTIMATOR, GATE
-from proxy.prefill.feeder import PieceFeeder
 from proxy.state import STATE
 from proxy.warm.routes import WARMER, install_routes
 from proxy.warm.views import status_view, warm_metrics
@@ -46,15 +44,7 @@ def install(app: web.Application) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state, gate = app[STATE], app[GATE]
-
-    def teach(prompt_n: int, cache_n: int, prompt_ms: float) -> None:
-        """A warm piece is a batch like a cold prompt's: the batch cost learns from it."""
-        gate.policy.observe_piece(prompt_n, cache_n, prompt_ms)
-
-    warmer = Warmer(state, gate.snapshot, app[ESTIMATOR], PieceFeeder(state.upstream), teach)
-    app[WARMER] = warmer
-    gate.warm = warmer.claim
+    state, warmer = app[STATE], app[WARMER]
     state.registry.subscribe(warmer.on_phase)
     if METRICS in app:
         app[METRICS].registry.register(WarmCollector(warmer))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from proxy.prefill.policy import SENT_GRACE_S
+from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.record.flight import Flight, Phase
 from proxy.request.endpoints import GENERATING
 from proxy.warm.values import Load

@@ -1,0 +1,44 @@
+"""What the prefill gate (the one scheduler of llama-server's time) asks of the features that share
+that time: the keeper of saved KV (keep_kv) and the warm-ups. Protocols, passed to the gate when
+the app is built, and the one value a restore answers with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.estimate import Estimate
+from proxy.prefill.events import Restorable
+from proxy.record.flight import Flight
+
+
+@dataclass(frozen=True)
+class Restored:
+    """How a restore the scheduler asked for ended."""
+
+    est: Estimate
+    """The request's estimate now (a restored prefix counts as cached)."""
+    problem: str | None
+    """Why it did not restore (None when done)."""
+    done: bool
+    """The prefix is in a slot (restored, or the server's cache held it already)."""
+    no_slot: bool = False
+    """No idle slot was found: worth trying again when the next request finishes."""
+
+
+class KeepHook(Protocol):
+    async def restorable(self, flight: Flight, ids: list[int],
+                         est: Estimate) -> tuple[Estimate, Restorable | None]:
+        """What a kept file could spare this request, with the estimate corrected."""
+        ...
+
+    async def restore(self, flight: Flight, ids: list[int]) -> Restored:
+        """Restore its file into an idle slot now; never raises."""
+        ...
+
+
+class WarmHook(Protocol):
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
+        """A real request arrived: its conversation's warm-up ends, its work is credited."""
+        ...

@@ -1,0 +1,50 @@
+"""Who uses llama-server now, as the prefill policy counts it: the requests sent upstream and not
+finished, each one's phase and when it was sent. Pure; the policy adds the pieces and restores it
+has in flight when it counts free slots (rule 12).
+"""
+
+from __future__ import annotations
+
+from proxy.record.flight import Phase
+
+SENT_GRACE_S = 0.5
+"""Rule 8: a request just sent upstream is about to start its prompt (a stream shows its prefill
+only once it starts); the next piece waits for it this long at most, since a non-streamed request
+shows nothing until it ends."""
+
+
+class ServerUse:
+    def __init__(self) -> None:
+        self.phases: dict[str, Phase] = {}
+        self._sent_at: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self.phases)
+
+    def __bool__(self) -> bool:
+        return bool(self.phases)
+
+    def sent(self, req_id: str, now: float) -> None:
+        self.phases[req_id] = Phase.QUEUED
+        self._sent_at[req_id] = now
+
+    def moved(self, req_id: str, phase: Phase) -> None:
+        if req_id in self.phases:
+            self.phases[req_id] = phase
+
+    def ended(self, req_id: str) -> bool:
+        """It finished or its client left; whether it was in flight."""
+        self._sent_at.pop(req_id, None)
+        return self.phases.pop(req_id, None) is not None
+
+    def decoders(self, besides: str | None = None) -> int:
+        """Requests decoding now (their tokens share every batch)."""
+        return sum(1 for r, phase in self.phases.items() if phase is Phase.DECODING and r != besides)
+
+    def prefilling(self) -> bool:
+        return any(phase is Phase.PREFILLING for phase in self.phases.values())
+
+    def sent_grace_end(self) -> float:
+        """When the last request sent but not yet prefilling stops holding the next piece."""
+        return max((self._sent_at[r] + SENT_GRACE_S for r, phase in self.phases.items()
+                    if phase is Phase.QUEUED), default=0.0)
