@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from proxy.ops.lifecycle import Operations, reload_config
+from proxy.record.flight import PrefillPlan
 from proxy.runner import ProxyThread
+from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
-from tests.helpers import read_records, serve_app
+from tests.helpers import http, read_records, serve_app
 from tests.served import GRACE_S, SLOTWISE, Served, serve, write_config
 
 
@@ -130,23 +133,40 @@ async def test_sigterm_lets_the_stream_finish_refuses_new_connections_and_exits_
     assert "1 timing records written" in "".join(served.lines)
 
 
-async def test_sigterm_cuts_what_outlives_the_grace_period_and_records_it(
+async def unanswered_chat(url: str) -> tuple[int, dict[str, Any]]:
+    """A request the upstream never answers (as one held by the prefill policy, it has no answer
+    yet when the grace period ends)."""
+    body = {"model": "silent", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/v1/chat/completions", json=body) as response:
+        return response.status, await response.json()
+
+
+async def test_sigterm_cuts_what_outlives_the_grace_period_cleanly_and_records_it(
         fake_url: str, tmp_path: Path, serving: list[Served]) -> None:
+    """At the end of the grace a stream gets an error event and a clean end of its body (it was
+    cut mid-chunk), and a request without an answer yet slotwise's 503 (it was a bare disconnect)."""
     timing = tmp_path / "timing.jsonl"
     config = write_config(tmp_path / "c.toml", fake_url, timing, listen={"shutdown_grace_s": 0.5})
     served = await asyncio.to_thread(serve, config)
     serving.append(served)
     started = asyncio.Event()
     running = asyncio.create_task(stream_chat(served.url, 400, started))
+    waiting = asyncio.create_task(unanswered_chat(served.url))
     await started.wait()
+    await asyncio.sleep(0.2)  # the unanswered request is in
     t0 = time.monotonic()
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 20) == 0
     assert time.monotonic() - t0 < 5
-    with pytest.raises(aiohttp.ClientPayloadError):
-        await running
-    (rec,) = read_records(timing)
-    assert rec["outcome"] == "shutdown" and 0 < rec["events"] < 400
+    body = await running  # no ClientPayloadError: the chunked body ended as it should
+    last = orjson.loads(body.strip().split(b"\n\n")[-1].removeprefix(b"data: "))["error"]
+    assert last["type"] == "slotwise_shutting_down" and "stopping" in last["message"]
+    status, answer = await waiting
+    assert status == 503 and answer["error"]["type"] == "slotwise_shutting_down"
+    records = sorted(read_records(timing), key=lambda r: r["status"])
+    assert [(r["status"], r["outcome"]) for r in records] == [(200, "shutdown"), (503, "shutdown")]
+    assert 0 < records[0]["events"] < 400 and "stopping" in records[0]["error"]
 
 
 def reload_cli(config: Path, url: str) -> subprocess.CompletedProcess[str]:
@@ -183,3 +203,36 @@ async def test_reload_says_what_to_do_when_the_status_page_is_off(
     assert "kill -HUP" in cli.stderr
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 20) == 0
+
+
+class HoldingGate:
+    """Holds every request until it is cancelled, as the prefill policy holds a cold prompt."""
+
+    def __init__(self) -> None:
+        self.holding = asyncio.Event()
+
+    async def admit(self, flight: Any, body: dict[str, Any]) -> None:
+        flight.prefill.plan = PrefillPlan.HELD
+        self.holding.set()
+        await asyncio.Event().wait()
+
+    def snapshot(self) -> None:
+        return None
+
+
+async def test_a_request_held_at_the_end_of_the_grace_gets_slotwise_s_503(
+        fake_url: str, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake_url, listen={"shutdown_grace_s": 0.3})
+    gate = HoldingGate()
+    proxy.state.gate = gate
+    body = {"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    held = asyncio.create_task(asyncio.to_thread(http, "POST", proxy.url + "/v1/chat/completions",
+                                                 body))
+    await asyncio.to_thread(lambda: proxy.call(gate.holding.wait()))
+    await asyncio.to_thread(proxy.stop)
+    reply = await held
+    assert reply.status_code == 503
+    assert reply.json()["error"]["type"] == "slotwise_shutting_down"
+    assert reply.headers["x-slotwise-error"] == "slotwise_shutting_down"
+    (record,) = read_records(proxy)
+    assert (record["status"], record["outcome"], record["prefill_plan"]) == (503, "shutdown", "held")

@@ -105,6 +105,15 @@ class Rejected(ProxyError):
     outcome = "rejected"
 
 
+class ShuttingDown(ProxyError):
+    """slotwise is stopping and the shutdown grace period is over: the request is cut (a stream
+    gets this as its last event, a request without an answer yet as its answer)."""
+
+    status = 503
+    type = "slotwise_shutting_down"
+    outcome = "shutdown"
+
+
 def sse_error_event(error: ProxyError) -> bytes:
     """How an error is told to a client whose stream has already started (as llama-server does)."""
     return b"data: " + error.body_bytes() + b"\n\n"

@@ -8,6 +8,7 @@ happened on the way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -22,7 +23,7 @@ from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers
 from proxy.request.clientstrings import clean_text, safe_text
 from proxy.request.endpoints import Kind, classify, reads_body
-from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError
+from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError, ShuttingDown
 from proxy.request.headers import (
     CLIENT_HEADER,
     PURPOSE_HEADER,
@@ -55,7 +56,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return exchange.response or web.Response(status=499)
     except asyncio.CancelledError:
         exchange.flight.outcome = "shutdown" if state.stopping else "client_gone"
-        raise
+        if not (state.stopping and exchange.can_answer()):
+            raise
+        return await exchange.cut(asyncio.current_task())
     except Exception as exc:
         log.exception("request %s failed inside slotwise", exchange.flight.id)
         return exchange.fail(ProxyError(f"internal error: {type(exc).__name__}: {exc}"))
@@ -155,6 +158,26 @@ class Exchange:
         return web.Response(status=exc.status, body=body, content_type="application/json",
                             headers={REQUEST_ID_HEADER: flight.id, PROXY_ERROR_HEADER: exc.type,
                                      **exc.headers()})
+
+    def can_answer(self) -> bool:
+        """Whether the client can still be told why the request ends: it has no answer yet, or its
+        answer is a stream (a plain body under way has no way to say so)."""
+        unanswered = self.response is None or not self.response.prepared
+        return unanswered or (self.relay is not None and self.relay.sse)
+
+    async def cut(self, task: asyncio.Task[Any] | None) -> web.StreamResponse:
+        """The shutdown grace period is over and this request was cancelled (`can_answer`): answer
+        it with slotwise's 503 if it has no answer yet (held, or waiting for the upstream), else
+        end its stream with an error event and a clean end of the body."""
+        error = ShuttingDown("slotwise is stopping and its shutdown grace period is over "
+                             "(listen.shutdown_grace_s); send the request again")
+        if task is not None:
+            task.uncancel()  # it ends now, answered
+        if self.response is None or not self.response.prepared or self.relay is None:
+            return self.fail(error)
+        with contextlib.suppress(OSError):  # the client left as well: nothing more to tell
+            await self.relay.end_stream(error)
+        return self.response
 
     def _close_upstream(self) -> None:
         if self.relay is not None:

@@ -68,6 +68,8 @@ class Relay:
         self.max_event_mb = max_event_mb
         self.complete = False
         self.reusable = True  # llama-server closes its end after a stream: never pool that one
+        self.sse = False
+        """The response is a stream of events (`stream`): an error can still be told in it."""
 
     async def _write(self, data: bytes) -> None:
         await self.client.write(data)
@@ -86,7 +88,7 @@ class Relay:
 
     async def stream(self, clock: Clock) -> None:
         """Relay an SSE response event by event; the observer says which events the client sees."""
-        self.reusable = False
+        self.reusable, self.sse = False, True
         parser = SseParser(int(self.max_event_mb * 1024 * 1024))
         observer = self.observer
         try:
@@ -125,6 +127,13 @@ class Relay:
             self.observer.broke(exc.outcome, exc.message)
             return
         self.observer.body(b"".join(kept) if size <= KEEP_BODY_BYTES else None)
+
+    async def end_stream(self, error: ProxyError) -> None:
+        """Cut a stream short: `error` as its last event, and the end of the body (a stream cut
+        between two events; the upstream is closed by `close_upstream`)."""
+        self.observer.broke(error.outcome, error.message)
+        await self._write(sse_error_event(error))
+        await self.client.write_eof()
 
     def close_upstream(self) -> None:
         """Close the upstream connection if the response did not finish: llama-server then
