@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "proxy.testbed.cli",
     "proxy.bench.cli",
     "proxy.report.cli",
+    "proxy.whatif.cli",
 )
 
 

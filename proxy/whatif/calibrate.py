@@ -1,0 +1,213 @@
+"""The server model's costs, fitted from what a day's log shows, in the prefill gate's batch-cost form.
+
+Prefill: every prompt of at least LEARN_MIN_TOKENS computed while no other prompt was (its prefill
+time, its cached prefix, the decoding slots beside it on average), and every step of llama-server's
+prompt-progress lines (the field report's batch-size table), each one observation of the five
+coefficients; fitted by non-negative least squares on the time (so a day's long prefills weigh
+most), the prior's shapes at 3 % keeping what the day cannot tell apart at the prior's proportions.
+Decode: every reply of at least MIN_STEPS tokens generated while no other prompt was computed,
+its mean step against the slots generating beside it and the context they attend to.
+A coefficient the observations cannot tell (no decoding slot beside a prefill, one context size)
+keeps its default and is reported as assumed. Pure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row, nonnegative_lstsq
+from proxy.prefill.policy import LEARN_MIN_TOKENS
+from proxy.report.model import Span
+from proxy.report.spanindex import SpanIndex
+from proxy.report.tasks import Task, task_to_span
+from proxy.whatif.costs import Costs
+
+MIN_STEPS = 16
+PRIOR_SHARE = 0.03
+MIN_CTX_SPREAD = 2000
+"""Contexts must differ by this many tokens before the fit may put a price on context."""
+
+
+@dataclass(frozen=True)
+class PrefillObs:
+    tokens: int
+    ctx: int
+    ms: float
+    decoders: float
+    batches: int
+    """Batches (decode calls) it took."""
+    micro: int
+    """Micro-batches it took."""
+
+    def row(self, n_ubatch: int) -> tuple[float, float, float, float, float]:
+        ub = max(1, n_ubatch)
+        read = self.micro * self.ctx + ub * self.micro * (self.micro - 1) / 2
+        return (float(self.micro), float(self.tokens),
+                self.tokens * (self.ctx + self.tokens / 2) / 1000.0,
+                self.decoders * self.batches, read / 1000.0)
+
+
+@dataclass(frozen=True)
+class DecodeObs:
+    steps: int
+    step_ms: float
+    slots: float
+    kctx: float
+    """Thousands of cells attended per step, all its decode tokens together."""
+
+
+@dataclass
+class Calibration:
+    costs: Costs
+    prefills: int = 0
+    steps: int = 0
+    decodes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, n_batch: int,
+               n_ubatch: int) -> PrefillObs:
+    return PrefillObs(tokens, ctx, ms, decoders, max(1, math.ceil(tokens / max(1, n_batch))),
+                      max(1, math.ceil(tokens / max(1, n_ubatch))))
+
+
+def observations(spans: Sequence[Span], n_batch: int, n_ubatch: int
+                 ) -> tuple[list[PrefillObs], list[DecodeObs]]:
+    """The clean prefills and decodes among `spans` (records or server tasks)."""
+    index = SpanIndex(spans)
+    prefills, decodes = [], []
+    for span in spans:
+        p0, p1, end = span.prefill_start, span.first_token, span.end
+        if p0 is None or p1 is None:
+            continue
+        computed, prompt_ms = span.prompt_n, span.prompt_ms
+        if computed and computed >= LEARN_MIN_TOKENS and prompt_ms and not _prefill_beside(
+                index, span, p0, p1):
+            prefills.append(prompt_obs(computed, span.cache_n or 0, prompt_ms,
+                                       _decoding(index, span, p0, p1), n_batch, n_ubatch))
+        steps = (span.predicted_n or 0) - 1
+        if steps >= MIN_STEPS and span.predicted_ms and not _prefill_beside(index, span, p1, end):
+            beside = _decoding(index, span, p1, end)
+            ctx = (span.cache_n or 0) + (computed or 0) + steps / 2
+            decodes.append(DecodeObs(steps, span.predicted_ms / steps, 1.0 + beside,
+                                     ctx * (1.0 + beside) / 1000.0))
+    return prefills, decodes
+
+
+def progress_obs(tasks: Sequence[Task], n_batch: int, n_ubatch: int) -> list[PrefillObs]:
+    """One observation per iteration between two prompt-progress lines of a server task (printed
+    once a prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
+    index = SpanIndex([s for t in tasks if (s := task_to_span(t)) is not None])
+    out = []
+    for task in tasks:
+        cache = task.cache_n or 0
+        for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
+            if n1 > n0 and t1 > t0:
+                beside = _decoding(index, Span(task.key, t0, t1), t0, t1)
+                out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, beside, n_batch,
+                                      n_ubatch))
+    return out
+
+
+def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: int,
+        base: Costs | None = None) -> Calibration:
+    """Costs fitted to the observations; what they cannot tell stays at `base` (assumed)."""
+    costs = base if base is not None else Costs()
+    cal = Calibration(costs, prefills=len(prefills), decodes=len(decodes))
+    if prefills:
+        cal.costs = _fit_prefill(cal, prefills, n_ubatch)
+    else:
+        cal.notes.append("prefill: no prompt of 256+ tokens computed alone in the log: its costs "
+                         "are assumed (give them with --costs)")
+    if decodes:
+        cal.costs = _fit_decode(cal, decodes)
+    else:
+        cal.notes.append("decode: no reply of 16+ tokens generated without a prompt beside it: "
+                         "its costs are assumed")
+    if not any(o.decoders > 0 for o in prefills):
+        cal.costs = cal.costs.with_values({"per_decoder_ms": cal.costs.per_slot_ms}, "assumed")
+        cal.notes.append("prefill.per_decoder_ms: no prefill had a decoding slot beside it; taken "
+                         "as decode.per_slot_ms")
+    return cal
+
+
+def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> Costs:
+    rows = [o.row(n_ubatch) for o in obs]
+    ys = [o.ms for o in obs]
+    level = float(np.median([o.ms / max(1e-9, PRIOR.time_ms(r)) for o, r in zip(obs, rows,
+                                                                                    strict=True)]))
+    weight = PRIOR_SHARE * max(ys)
+    prior = [batch_row(*shape) for shape in PRIOR_SHAPES]
+    a = np.array(rows + prior, dtype=np.float64)
+    y = np.array(ys + [level * PRIOR.time_ms(r) for r in prior], dtype=np.float64)
+    w = np.array([1.0] * len(rows) + [weight / max(1e-9, v) for v in y[len(rows):]])
+    fa, fb, fc, fe, fg = (float(v) for v in nonnegative_lstsq(a * w[:, None], y * w))
+    found = {"fixed_ms": fa, "per_token_ms": fb}
+    spread = max(o.ctx for o in obs) - min(o.ctx for o in obs)
+    if spread >= MIN_CTX_SPREAD or max(o.tokens for o in obs) >= MIN_CTX_SPREAD:
+        found.update(per_token_per_kctx_ms=fc, per_kctx_ms=fg)
+    else:
+        cal.notes.append("prefill: every prompt had about the same context: no price on context "
+                         "(per_token_per_kctx_ms, per_kctx_ms assumed)")
+    if any(o.decoders > 0 for o in obs):
+        found["per_decoder_ms"] = fe
+    return cal.costs.with_values(found, "log")
+
+
+def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs]) -> Costs:
+    rows = np.array([(1.0, max(0.0, o.slots - 1.0), o.kctx) for o in obs], dtype=np.float64)
+    y = np.array([o.step_ms for o in obs], dtype=np.float64)
+    w = np.sqrt(np.array([o.steps for o in obs], dtype=np.float64))
+    step, per_slot, per_kctx = (float(v) for v in nonnegative_lstsq(rows * w[:, None], y * w))
+    found = {"step_ms": step}
+    if max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5:
+        found["per_slot_ms"] = per_slot
+    else:
+        cal.notes.append("decode: never more than one slot generating at a time: per_slot_ms "
+                         "assumed")
+    if max(o.kctx for o in obs) - min(o.kctx for o in obs) >= MIN_CTX_SPREAD / 1000.0:
+        found["decode_per_kctx_ms"] = per_kctx
+    cal.steps = sum(o.steps for o in obs)
+    return cal.costs.with_values(found, "log")
+
+
+def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None, n_ubatch: int,
+              base: Costs) -> Costs:
+    """Costs from figures like the field report's: prompt tokens/s by the tokens a batch advanced
+    (`[measured] prefill_rates`), one stream's decode rate; fitted in the same form."""
+    obs = [prompt_obs(n, 0, n / r * 1000.0, 0.0, n, n_ubatch) for n, r in rates]
+    costs = base
+    if decode_tok_s:
+        step = 1000.0 / decode_tok_s
+        costs = costs.with_values({"step_ms": step}, "measured")
+        obs.append(prompt_obs(1, 0, step, 0.0, 1, n_ubatch))
+    if len(obs) >= 2:
+        a = np.array([o.row(n_ubatch)[:2] for o in obs], dtype=np.float64)
+        y = np.array([o.ms for o in obs], dtype=np.float64)
+        fixed, per_token = (float(v) for v in nonnegative_lstsq(a, y))
+        costs = costs.with_values({"fixed_ms": fixed, "per_token_ms": per_token}, "measured")
+    return costs
+
+
+def _prefill_beside(index: SpanIndex, span: Span, t0: float, t1: float) -> bool:
+    for other in index.active(t0, t1, span.key):
+        s, e = other.prefill_start, other.first_token
+        if s is not None and e is not None and s < t1 and e > t0:
+            return True
+    return False
+
+
+def _decoding(index: SpanIndex, span: Span, t0: float, t1: float) -> float:
+    """Other spans decoding during (t0, t1), on average."""
+    if t1 <= t0:
+        return 0.0
+    total = 0.0
+    for other in index.active(t0, t1, span.key):
+        if other.first_token is not None:
+            total += max(0.0, min(t1, other.end) - max(t0, other.first_token))
+    return total / (t1 - t0)

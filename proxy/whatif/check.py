@@ -1,0 +1,86 @@
+"""The figures a what-if is checked by (issue 21), from any timing log, and a prediction against a
+measured run of the same workload: the cold requests' time to first token, the streams' rate and
+longest gap while a cold prompt is computed, short turns' p90 time to first token. The runs have
+different request ids, so each figure is taken over its whole log. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from proxy.record.timing import percentile
+from proxy.report.records import RecordLine, is_turn, new_tokens, num
+
+SHORT_TOKENS = 1000
+"""A short turn computes fewer new prompt tokens than this (the field report's definition)."""
+FIGURES = (
+    ("cold_ttft_s", "cold requests' time to first token (s, median)"),
+    ("stream_rate", "streams' rate while a cold prompt is computed (tok/s)"),
+    ("stream_gap_s", "streams' longest gap while a cold prompt is computed (s)"),
+    ("short_ttft_p90_s", "short turns' time to first token (s, p90)"),
+)
+
+
+def figures(records: Sequence[RecordLine], cold_tokens: int = 2000) -> dict[str, float | None]:
+    turns = [r for r in records if is_turn(r)]
+    cold = {str(r.get("id")): r for r in turns if (new_tokens(r) or 0) >= cold_tokens}
+    ttfts = [t / 1000.0 for r in cold.values() if (t := num(r, "ttft_ms")) is not None]
+    events = ms = 0.0
+    gaps = []
+    for record in turns:
+        inside = [ov for ov in record.get("overlaps") or () if isinstance(ov, Mapping)
+                  and str(ov.get("id")) in cold and (num(ov, "decode_events") or 0) > 0]
+        if not inside:
+            continue
+        events += sum(num(ov, "decode_events") or 0.0 for ov in inside)
+        ms += sum(num(ov, "decode_ms") or 0.0 for ov in inside)
+        if (gap := num(record, "gap_max_ms")) is not None:
+            gaps.append(gap / 1000.0)
+    short = sorted(t / 1000.0 for r in turns if (new_tokens(r) or 0) < SHORT_TOKENS
+                   and (t := num(r, "ttft_ms")) is not None)
+    return {
+        "cold_ttft_s": statistics.median(ttfts) if ttfts else None,
+        "stream_rate": events / (ms / 1000.0) if ms > 0 else None,
+        "stream_gap_s": max(gaps) if gaps else None,
+        "short_ttft_p90_s": percentile(short, 90) if short else None,
+    }
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    label: str
+    predicted: float | None
+    measured: float | None
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted is None or self.measured is None or self.measured == 0:
+            return None
+        return self.predicted / self.measured - 1.0
+
+    def within(self, tolerance: float) -> bool | None:
+        error = self.error
+        return None if error is None else abs(error) <= tolerance + 1e-9
+
+
+def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+            cold_tokens: int = 2000) -> list[Row]:
+    p, m = figures(predicted, cold_tokens), figures(measured, cold_tokens)
+    return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
+
+
+def passed(rows: Sequence[Row], tolerance: float) -> bool:
+    """Every figure both logs have is within the tolerance (and at least one is)."""
+    verdicts = [row.within(tolerance) for row in rows]
+    known = [v for v in verdicts if v is not None]
+    return bool(known) and all(known)
+
+
+def show(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.3g}"

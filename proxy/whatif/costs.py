@@ -1,0 +1,172 @@
+"""What the server model's time is made of: the costs of a batch, a decode step, a LoRA switch and
+a copy to or from the RAM prompt cache, each with where it came from (given in `--costs`,
+calibrated from the log, or assumed), and the `--costs FILE` format that gives them.
+
+A batch with prompt tokens costs, per micro-batch of `n_ubatch` tokens, the prefill gate's own
+form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)/1000, plus e per
+decoding slot's token riding in it. A batch of decode tokens only costs one step:
+step + per_slot·(slots − 1) + per_kctx·(context attended)/1000.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from proxy.prefill.batch_cost import BatchCost
+
+
+class CostsError(ValueError):
+    """A costs file the what-if cannot use; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    fixed_ms: float = 20.0
+    """prefill.fixed_ms: a, per micro-batch with prompt tokens."""
+    per_token_ms: float = 2.0
+    """prefill.per_token_ms: b, per prompt token."""
+    per_token_per_kctx_ms: float = 0.0
+    """prefill.per_token_per_kctx_ms: c, per prompt token per 1,000 tokens it attends to."""
+    per_decoder_ms: float = 1.0
+    """prefill.per_decoder_ms: e, per decoding slot's token in a batch with prompt tokens."""
+    per_kctx_ms: float = 0.0
+    """prefill.per_kctx_ms: g, per micro-batch per 1,000 tokens of context it reads."""
+    step_ms: float = 20.0
+    """decode.step_ms: a batch of one decode token."""
+    per_slot_ms: float = 1.0
+    """decode.per_slot_ms: each further decoding slot in the step."""
+    decode_per_kctx_ms: float = 0.0
+    """decode.per_kctx_ms: per decode token per 1,000 tokens it attends to."""
+    lora_switch_ms: float = 0.0
+    """server.lora_switch_ms: a batch whose LoRA settings differ from the last one's
+    (sched_reserve)."""
+    kv_bytes_per_token: float = 131072.0
+    """server.kv_bytes_per_token: one token's KV, for the RAM prompt cache's size limit."""
+    copy_gb_s: float = 10.0
+    """server.copy_gb_s: copies to and from the RAM prompt cache (on the main loop: all wait)."""
+    piece_ms: float = 5.0
+    """server.piece_ms: a piece's round trip outside the server's batches (HTTP, parsing)."""
+    source: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Each field's origin: given, log, field table, or assumed (missing: assumed)."""
+
+    @property
+    def batch(self) -> BatchCost:
+        return BatchCost(self.fixed_ms, self.per_token_ms, self.per_token_per_kctx_ms,
+                         self.per_decoder_ms, self.per_kctx_ms)
+
+    def origin(self, name: str) -> str:
+        return self.source.get(name, "assumed")
+
+    def assumed(self) -> list[str]:
+        return [key_of(f.name) for f in fields(self) if f.name != "source"
+                and self.origin(f.name) == "assumed"]
+
+    def with_values(self, values: Mapping[str, float], origin: str) -> Costs:
+        """These fields set (by field name), marked as coming from `origin`."""
+        if not values:
+            return self
+        return replace(self, **values, source={**self.source, **dict.fromkeys(values, origin)})
+
+    def as_toml(self) -> str:
+        """A `--costs` file holding these costs (each line says where its value came from)."""
+        lines: list[str] = []
+        for table in ("prefill", "decode", "server"):
+            lines.append(f"[{table}]")
+            for key, name in KEYS.items():
+                if key.startswith(table + "."):
+                    value = getattr(self, name)
+                    lines.append(f"{key.split('.', 1)[1]} = {value:.6g}  # {self.origin(name)}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+KEYS: dict[str, str] = {
+    "prefill.fixed_ms": "fixed_ms",
+    "prefill.per_token_ms": "per_token_ms",
+    "prefill.per_token_per_kctx_ms": "per_token_per_kctx_ms",
+    "prefill.per_decoder_ms": "per_decoder_ms",
+    "prefill.per_kctx_ms": "per_kctx_ms",
+    "decode.step_ms": "step_ms",
+    "decode.per_slot_ms": "per_slot_ms",
+    "decode.per_kctx_ms": "decode_per_kctx_ms",
+    "server.lora_switch_ms": "lora_switch_ms",
+    "server.kv_bytes_per_token": "kv_bytes_per_token",
+    "server.copy_gb_s": "copy_gb_s",
+    "server.piece_ms": "piece_ms",
+}
+MEASURED = ("prefill_rates", "decode_tok_s")
+"""[measured]: figures to fit costs from, as the field report gives them: `prefill_rates` rows of
+[tokens a batch advanced, prompt tokens/s], and `decode_tok_s` of one stream alone."""
+
+
+def key_of(name: str) -> str:
+    return next(k for k, v in KEYS.items() if v == name)
+
+
+@dataclass(frozen=True)
+class CostsFile:
+    values: dict[str, float]
+    """Field name → value, for the keys given."""
+    prefill_rates: tuple[tuple[int, float], ...] = ()
+    decode_tok_s: float | None = None
+
+
+def load_costs(path: str) -> CostsFile:
+    """A TOML (or JSON) file of tables prefill, decode, server and measured."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CostsError(f"{path}: cannot read the costs file: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise CostsError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'TOML'}: "
+                         f"{exc}") from None
+    return parse_costs(data)
+
+
+def parse_costs(data: Mapping[str, Any]) -> CostsFile:
+    values: dict[str, float] = {}
+    for table, body in data.items():
+        if table not in ("prefill", "decode", "server", "measured"):
+            raise CostsError(f"{table}: unknown table (valid: prefill, decode, server, measured)")
+        if not isinstance(body, Mapping):
+            raise CostsError(f"{table}: expected a table")
+        if table == "measured":
+            continue
+        for key, value in body.items():
+            dotted = f"{table}.{key}"
+            if dotted not in KEYS:
+                valid = ", ".join(k.split(".", 1)[1] for k in KEYS if k.startswith(table + "."))
+                raise CostsError(f"{dotted}: unknown key (valid: {valid})")
+            values[KEYS[dotted]] = _number(dotted, value)
+    rates, decode = _measured(data.get("measured", {}))
+    return CostsFile(values, rates, decode)
+
+
+def _measured(body: Mapping[str, Any]) -> tuple[tuple[tuple[int, float], ...], float | None]:
+    for key in body:
+        if key not in MEASURED:
+            raise CostsError(f"measured.{key}: unknown key (valid: {', '.join(MEASURED)})")
+    rows = body.get("prefill_rates", [])
+    if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == 2 for r in rows):
+        raise CostsError("measured.prefill_rates: expected rows [tokens, tokens_per_s], e.g. "
+                         "[[2048, 845], [400, 719]]")
+    rates = tuple((int(_number("measured.prefill_rates", n)),
+                   _number("measured.prefill_rates", r)) for n, r in rows)
+    if any(n < 1 or r <= 0 for n, r in rates):
+        raise CostsError("measured.prefill_rates: tokens and rates must be above 0")
+    decode = body.get("decode_tok_s")
+    return rates, None if decode is None else _number("measured.decode_tok_s", decode)
+
+
+def _number(dotted: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise CostsError(f"{dotted}: expected a number >= 0, got {value!r}")
+    return float(value)

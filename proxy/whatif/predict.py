@@ -1,0 +1,145 @@
+"""From the inputs to the prediction: the recorded settings and the what-if's, the costs (calibrated
+from the log, then what `--costs` gives), the workload, the replay, the log lines to write.
+No terminal and no files here (`cli.py` reads and writes them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
+from proxy.report.serverlog import parse_server_log
+from proxy.report.tasks import rebuild_tasks, task_to_span
+from proxy.whatif.calibrate import Calibration, PrefillObs, fit, fit_rates, observations, progress_obs
+from proxy.whatif.costs import Costs, CostsFile
+from proxy.whatif.recorded import recorded_config, recorded_server
+from proxy.whatif.replay import Outcome, Replay
+from proxy.whatif.requests import Workload, build_workload
+from proxy.whatif.settings import (
+    ServerSettings,
+    Settings,
+    apply,
+    config_from,
+    parse_assignment,
+    server_log_settings,
+    server_settings,
+)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    records: Sequence[RecordLine]
+    server_log: Sequence[str] | None = None
+    config_data: dict[str, Any] | None = None
+    """The recorded slotwise config file's mapping; None: inferred from the records."""
+    recorded: Sequence[str] = ()
+    sets: Sequence[str] = ()
+    costs_file: CostsFile | None = None
+
+
+@dataclass
+class Prediction:
+    lines: list[bytes]
+    recorded: Settings
+    whatif: Settings
+    costs: Costs
+    calibration: Calibration
+    workload: Workload
+    outcome: Outcome
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def settings_of(inputs: Inputs) -> tuple[Settings, Settings, dict[str, Any], list[str]]:
+    """(recorded, what-if, the recorded config mapping, notes)."""
+    found = server_log_settings(inputs.server_log) if inputs.server_log is not None else {}
+    given = dict(parse_assignment(item) for item in inputs.recorded)
+    values, notes = recorded_server(found, given)
+    server = server_settings(values)
+    if inputs.config_data is not None:
+        data = inputs.config_data
+    else:
+        data, more = recorded_config(inputs.records)
+        notes += more
+    prefill = data.get("prefill")
+    if "n_batch" in values and not (isinstance(prefill, dict) and "n_batch" in prefill):
+        data = {**data, "prefill": {**(prefill if isinstance(prefill, dict) else {}),
+                                    "n_batch": server.n_batch}}
+    recorded = Settings(server, config_from(data))
+    return recorded, apply(recorded, inputs.sets, data), data, notes
+
+
+def calibrate(inputs: Inputs, server: ServerSettings) -> Calibration:
+    spans = [record_to_span(r) for r in inputs.records
+             if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
+    prefills, decodes = observations(spans, server.n_batch, server.n_ubatch)
+    steps: list[PrefillObs] = []
+    if inputs.server_log is not None:
+        tasks = rebuild_tasks(parse_server_log(inputs.server_log).events)
+        task_spans = [s for t in tasks if (s := task_to_span(t)) is not None]
+        if not spans:
+            prefills, decodes = observations(task_spans, server.n_batch, server.n_ubatch)
+        steps = progress_obs(tasks, server.n_batch, server.n_ubatch)
+    cal = fit([*prefills, *steps], decodes, server.n_ubatch)
+    cal.prefills, cal.steps = len(prefills), len(steps)
+    given = inputs.costs_file
+    if given is not None:
+        cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server.n_ubatch, cal.costs)
+        cal.costs = cal.costs.with_values(given.values, "given")
+    return cal
+
+
+def predict(inputs: Inputs) -> Prediction:
+    began = time.perf_counter()
+    recorded, whatif, _, notes = settings_of(inputs)
+    cal = calibrate(inputs, recorded.server)
+    workload = reconciled(inputs.records, recorded, cal.costs)
+    outcome = Replay(workload, whatif, cal.costs).run()
+    lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
+                   + [(str(r.get("start")), _line(r)) for r in workload.copied])
+    return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
+                      outcome, time.perf_counter() - began,
+                      notes + outcome.notes + unmodelled(whatif, workload))
+
+
+MODELLED_TABLES = ("prefill", "lora")
+"""The slotwise tables the replay follows; a key of another table changes nothing in it."""
+
+
+def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
+    """What the what-if's settings ask for that the model does not do (yet)."""
+    notes = []
+    if whatif.config.keep_kv.enabled:
+        notes.append("keep_kv: not modelled yet: no conversation is saved or restored (restores "
+                     "in the log are computed again)")
+    if workload.dropped:
+        notes.append(f"warm-ups, saves and restores: {workload.dropped} records of them left out; "
+                     "what they computed is computed by the requests")
+    others = sorted({k for k in whatif.changed if "." in k
+                     and k.split(".", 1)[0] not in MODELLED_TABLES})
+    if others:
+        notes.append(f"{', '.join(others)}: no effect on what the model follows")
+    return notes
+
+
+def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs) -> Workload:
+    """The workload, with the clients taken to have come back to their history (requests.py)
+    checked against a replay of the recorded settings: where that replay finds cached what the
+    recording did not, the history was rewritten, not lost."""
+    workload = build_workload(records)
+    if not workload.returns:
+        return workload
+    found = Replay(workload, recorded, costs, records=False).run().cache_found
+    rewritten = {j.id for j in workload.jobs if j.shared > j.recorded_cache and
+                 found.get(j.id, 0) > j.recorded_cache + max(64, j.prompt_tokens // 10)}
+    return build_workload(records, rewritten=rewritten) if rewritten else workload
+
+
+def _line(record: RecordLine) -> bytes:
+    return orjson.dumps({k: v for k, v in record.items() if k != "_t0"},
+                        option=orjson.OPT_APPEND_NEWLINE)

@@ -1,0 +1,252 @@
+"""The replay: the logged requests arrive at their logged times into slotwise's prefill policy and
+the server model, one clock for both; what happens becomes their records.
+
+One loop over one heap of timed events (arrivals, sends after slotwise's own time, pieces, clients
+leaving, the policy's wake-ups) and the server model's boundaries, always the earlier first; the
+server runs quiet decode stretches up to the next event in one go. Pure: the clock is simulated.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.record.flight import Flight, Phase, PrefillPlan
+from proxy.record.schema import Record
+from proxy.whatif.costs import Costs
+from proxy.whatif.flights import Witness
+from proxy.whatif.gatekeeper import Action, Feed, PolicySeam, Refuse, Send, StopPiece, Wait
+from proxy.whatif.loras import LoraPlan, adapters_in, batch_key, explicit
+from proxy.whatif.requests import Job, Workload
+from proxy.whatif.server import Failed, Finished, FirstToken, Happening, ServerModel, Started
+from proxy.whatif.settings import Settings
+from proxy.whatif.slots import Task
+
+QUIET_REASONS = ("not cold", "prefill.mode off")
+"""Admission reasons the gate leaves out of `policy_note` (proxy/prefill/gate.py)."""
+
+
+@dataclass(eq=False)
+class _Live:
+    job: Job
+    key: str
+    flight: Flight
+    lora: Any
+    task: Task | None = None
+    piece: Task | None = None
+    held_at: float | None = None
+    ended: bool = False
+
+
+@dataclass
+class Outcome:
+    records: list[Record]
+    batches: int
+    policy_cost: str | None
+    unknown_decisions: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    cache_found: dict[str, int] = field(default_factory=dict)
+    """Each request's prompt tokens the server found cached, by id."""
+
+
+class Replay:
+    def __init__(self, workload: Workload, settings: Settings, costs: Costs, *,
+                 records: bool = True) -> None:
+        self.work, self.settings, self.costs = workload, settings, costs
+        cfg = settings.config
+        self.server = ServerModel(settings.server, costs)
+        self.server.preload(workload.before_log)
+        self.witness = Witness(build=records)
+        self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch)
+        self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self._live: dict[str, _Live] = {}
+        self._by_flight: dict[Flight, _Live] = {}
+        self._tick_at: float | None = None
+        self._found: dict[str, int] = {}
+        self._now = 0.0
+        self.witness.registry.subscribe(self._on_phase)
+
+    def run(self) -> Outcome:
+        for job in self.work.jobs:
+            self._at(job.arrival, functools.partial(self._arrive, job))
+        server = self.server
+        while True:
+            t_ext = self._heap[0][0] if self._heap else float("inf")
+            t_srv = server.next_at
+            if t_srv is not None and t_srv <= t_ext:
+                self._now = t_srv
+                for happening in server.boundary(t_ext):
+                    self._happened(happening)
+            elif self._heap:
+                t, _, act = heapq.heappop(self._heap)
+                self._now = t
+                act(t)
+            else:
+                break
+            self._schedule_tick()
+        notes = [self.loras.note] if self.loras.note else []
+        return Outcome(self.witness.records, server.batches, self.policy.cost_summary(),
+                       dict(self.policy.unknown), notes, self._found)
+
+    # ---- the slotwise side ---------------------------------------------------------------------
+
+    def _arrive(self, job: Job, now: float) -> None:
+        lora, rewritten = self.loras.forwarded(job.lora_in)
+        flight = self.witness.arrive(job, now, lora, rewritten)
+        live = _Live(job, f"{job.id}#{len(self._live) + 1}", flight, lora)
+        self._live[live.key] = live
+        self._by_flight[flight] = live
+        if job.patience_s is not None:
+            self._at(now + job.patience_s, lambda t: self._gone(live, t))
+        if self.policy.mode == "off":
+            self._apply(self.policy.arrived(live.key, 0, 0, now), now)
+            return
+        est_new = job.prompt_tokens - self.server.common(job.prompt)
+        facts = flight.prefill
+        facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
+        self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now), now)
+
+    def _apply(self, actions: list[Action], now: float) -> None:
+        for action in actions:
+            live = self._live.get(action.key)
+            if live is None or live.ended:
+                continue
+            if isinstance(action, Send):
+                self._release(live, action, now)
+            elif isinstance(action, Wait):
+                if live.held_at is None:
+                    live.held_at = now
+                    live.flight.prefill.plan = PrefillPlan.HELD
+                    self.witness.hold(live.flight, now)
+            elif isinstance(action, Feed):
+                self._feed(live, action.upto, now)
+            elif isinstance(action, Refuse):
+                self._finish(live)
+                self.witness.rejected(live.flight, action.reason, now)
+            elif isinstance(action, StopPiece) and live.piece is not None:
+                self.server.cancel(live.piece, now)
+                live.piece = None
+
+    def _release(self, live: _Live, action: Send, now: float) -> None:
+        facts = live.flight.prefill
+        if live.held_at is not None:
+            facts.held_ms = round((now - live.held_at) * 1000.0, 1)
+        if action.reason not in QUIET_REASONS:
+            facts.note = action.reason
+        job = live.job
+        task = Task(live.key, job.prompt, job.out, job.generated, batch_key(live.lora),
+                    explicit(live.lora))
+        live.task = task
+        self._at(now + job.overhead_s, lambda t: self._send(live, task, t))
+
+    def _send(self, live: _Live, task: Task, now: float) -> None:
+        if live.ended:
+            return
+        self.witness.sent(live.flight, now)
+        self.server.submit(task, now)
+
+    def _feed(self, live: _Live, upto: int, now: float) -> None:
+        job = live.job
+        prompt = job.prompt.prefix(upto)
+        piece = Task(live.key, prompt, prompt, 1, batch_key(live.lora), explicit(live.lora))
+        live.piece = piece
+        self.witness.piece_started(live.flight, now)
+        self._at(now + self.costs.piece_ms / 2000.0, lambda t: self.server.submit(piece, t)
+                 if live.piece is piece else None)
+
+    def _piece_back(self, live: _Live, piece: Task, now: float) -> None:
+        if live.piece is not piece or live.ended:
+            return
+        live.piece = None
+        facts = live.flight.prefill
+        facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+        facts.fed_tokens += piece.prompt_n
+        batch_ms = ((piece.tokens[0] - piece.t_start) * 1000.0
+                    if piece.tokens and piece.t_start is not None else 0.0)
+        self._apply(self.policy.piece_done(live.key, piece.prompt_n, batch_ms, now), now)
+
+    def _gone(self, live: _Live, now: float) -> None:
+        if live.ended:
+            return
+        self._finish(live)
+        if live.piece is not None:
+            self.server.cancel(live.piece, now)
+        if live.task is not None:
+            self.server.cancel(live.task, now)
+        self._apply(self.policy.client_left(live.key, now), now)
+        self.witness.gone(live.flight, live.task, live.job.events, now)
+
+    def _finish(self, live: _Live) -> None:
+        live.ended = True
+
+    # ---- the server side ------------------------------------------------------------------------
+
+    def _happened(self, happening: Happening) -> None:
+        task = happening.task
+        live = self._live.get(task.key)
+        if live is None or live.ended:
+            return
+        now = happening.t
+        if task is live.piece:
+            if isinstance(happening, Finished):
+                self._at(now + self.costs.piece_ms / 2000.0,
+                         lambda t: self._piece_back(live, task, t))
+            elif isinstance(happening, Failed):
+                live.piece = None
+            return
+        if task is not live.task:
+            return
+        if isinstance(happening, Started):
+            self._found[live.job.id] = task.cache_n
+            self.witness.started(live.flight, task, now)
+        elif isinstance(happening, FirstToken):
+            self.witness.first_token(live.flight, now)
+        elif isinstance(happening, Finished):
+            self._finish(live)
+            self.witness.finished(live.flight, task, live.job.events, now)
+        elif isinstance(happening, Failed):
+            self._finish(live)
+            self.witness.failed(live.flight, happening.status, happening.error, now)
+
+    def _on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
+        """The registry's listener, as the prefill gate's `on_phase`."""
+        live = self._by_flight.get(flight)
+        if live is None:
+            return
+        if new is Phase.DONE:
+            del self._by_flight[flight]
+            prompt_n, total = flight.computed_tokens, flight.prompt_tokens
+            timings = flight.timings or {}
+            prompt_ms = timings.get("prompt_ms")
+            self._apply(self.policy.phase(
+                live.key, new, now, prompt_n=prompt_n,
+                prompt_ms=float(prompt_ms) if isinstance(prompt_ms, int | float) else None,
+                cache_n=max(0, (total or 0) - (prompt_n or 0))), now)
+        else:
+            self._apply(self.policy.phase(live.key, new, now), now)
+
+    # ---- time -------------------------------------------------------------------------------
+
+    def _at(self, t: float, act: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), act))
+
+    def _schedule_tick(self) -> None:
+        wake = self.policy.next_wakeup()
+        if wake is None or (self._tick_at is not None and self._tick_at <= wake):
+            return
+        self._tick_at = wake = max(wake, self._now)
+        self._at(wake, self._tick)
+
+    def _tick(self, now: float) -> None:
+        if self._tick_at is not None and now < self._tick_at:
+            return
+        self._tick_at = None
+        wake = self.policy.next_wakeup()
+        if wake is not None and now >= wake:
+            self._apply(self.policy.tick(now), now)

@@ -1,0 +1,210 @@
+"""What each logged request asks of the server, read from its timing record: when it arrived, its
+prompt (as segments: which earlier request's prompt and reply it starts with, and how much of
+them), the tokens it generated, its stream, its LoRA settings, and when its client gave up.
+
+Which earlier sequence a prompt extends is inferred from what it found cached (`cache_n`, less
+what slotwise's own warm-ups, restores and pieces put there): the newest earlier request of the
+same client whose prompt and reply are at least that long, else any earlier one, else a sequence
+from before the log began. A client's prompt that found less than its previous prompt after a
+pause of `return_gap_s` or more is taken to extend that prompt and reply whole: the history was
+the same, the server had lost it (a first turn of the day). Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.report.records import (
+    COMPLETION_KINDS,
+    RecordLine,
+    fed_tokens,
+    num,
+    prompt_split,
+    start_of,
+    timing,
+)
+from proxy.whatif.prompts import SegmentIds, Seq
+
+RETURN_GAP_S = 600.0
+"""A client away this long whose prompt missed the cache is taken to have come back to the same
+history (the cache had lost it), not to have rewritten it."""
+OWN_KINDS = frozenset({"warm", "kv_save", "kv_restore"})
+"""Records of slotwise's own work: the what-if makes its own (or none), never copies these."""
+REPLAYED = frozenset({"done", "client_gone", "rejected", "shutdown"})
+"""Outcomes of model requests the what-if replays; any other is copied as it was."""
+SEARCH_BACK = 256
+"""How many earlier requests of other clients a prompt's cached prefix is looked for in."""
+MAX_OVERHEAD_S = 2.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One logged request, as the server model runs it."""
+
+    id: str
+    record: RecordLine
+    arrival: float
+    """Epoch seconds."""
+    prompt: Seq
+    out: Seq
+    """The prompt and the reply, as the slot holds it afterwards."""
+    generated: int
+    events: int
+    """Token events its stream showed (0 for a non-streamed request)."""
+    stream: bool
+    client: str | None
+    lora_in: Any
+    patience_s: float | None
+    """A client that left: how long after arrival it did; None: it waited for the end."""
+    overhead_s: float
+    """slotwise's own time before sending it (reading, estimating), as recorded."""
+    shared: int
+    """Prompt tokens inferred to be shared with an earlier sequence."""
+    recorded_cache: int
+    """What the server found cached in the recording, slotwise's own help left out."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.length
+
+
+@dataclass
+class Workload:
+    jobs: list[Job] = field(default_factory=list)
+    copied: list[RecordLine] = field(default_factory=list)
+    """Records the what-if does not model, written out as they were."""
+    dropped: int = 0
+    """Records of slotwise's own work (warm-ups, saves, restores) left out."""
+    before_log: list[Seq] = field(default_factory=list)
+    """Sequences some prompt found cached that no earlier request in the log explains."""
+    returns: int = 0
+
+
+def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
+                   rewritten: Collection[str] = ()) -> Workload:
+    """`rewritten`: ids of requests known not to have come back to their history (a replay of
+    the recorded settings found it cached where the recording did not)."""
+    records = sorted(records, key=start_of)
+    work = Workload()
+    typical = _typical_generated(records)
+    ids = SegmentIds()
+    by_client: dict[str | None, list[Job]] = {}
+    for record in records:
+        kind = record.get("kind")
+        if kind in OWN_KINDS:
+            work.dropped += 1
+            continue
+        shape = _shape(record, typical)
+        if kind not in COMPLETION_KINDS or record.get("outcome") not in REPLAYED or shape is None:
+            work.copied.append(record)
+            continue
+        gap = math.inf if str(record.get("id")) in rewritten else return_gap_s
+        job = _job(record, shape, work, by_client, ids, gap)
+        work.jobs.append(job)
+        if job.client is not None:
+            by_client.setdefault(job.client, []).append(job)
+    return work
+
+
+@dataclass(frozen=True)
+class _Shape:
+    prompt: int
+    cache: int
+    generated: int
+
+
+def _shape(record: RecordLine, typical: int) -> _Shape | None:
+    """Prompt tokens, what was cached before slotwise helped, tokens generated; None if unknown."""
+    computed, found = prompt_split(record)
+    total = num(record, "prompt_tokens")
+    if computed is None or found is None:
+        est_total, est_new = num(record, "est_prompt_tokens"), num(record, "est_new_tokens")
+        if est_total is None or est_new is None:
+            return None
+        total, cached = est_total, max(0.0, est_total - est_new)
+    else:
+        cached = float(found)
+        total = float(computed + found) if total is None else total
+    helped = fed_tokens(record) + int(num(record, "warmed_tokens") or 0) \
+        + int(num(record, "restored_tokens") or 0)
+    prompt = max(1, int(total))
+    cache = min(prompt - 1, max(0, int(cached) - helped))
+    generated = timing(record, "predicted_n")
+    if generated is None or record.get("outcome") != "done":
+        generated = max(float(typical), float(num(record, "events") or 0))
+    return _Shape(prompt, cache, max(1, int(generated)))
+
+
+def _typical_generated(records: Sequence[RecordLine]) -> int:
+    done = [timing(r, "predicted_n") for r in records if r.get("outcome") == "done"]
+    counts = [int(n) for n in done if n is not None and n >= 1]
+    return int(statistics.median(counts)) if counts else 128
+
+
+def _job(record: RecordLine, shape: _Shape, work: Workload,
+         by_client: Mapping[str | None, list[Job]], ids: SegmentIds, return_gap_s: float) -> Job:
+    arrival = start_of(record)
+    client = record.get("client") if isinstance(record.get("client"), str) else None
+    mine = by_client.get(client, []) if client is not None else []
+    parent, shared = _parent(mine[-SEARCH_BACK:][::-1], work.jobs[-SEARCH_BACK:][::-1], shape,
+                             arrival, return_gap_s)
+    if parent is None and shape.cache > 0:
+        parent = Seq(((ids(), shape.cache),), shape.cache)
+        work.before_log.append(parent)
+        shared = shape.cache
+    if parent is not None and shared > shape.cache:
+        work.returns += 1
+    base = parent.prefix(shared) if parent is not None else Seq()
+    prompt = base.extend(ids(), shape.prompt - base.length)
+    stream = record.get("stream") is True
+    events = int(num(record, "events") or 0) if stream else 0
+    return Job(
+        id=str(record.get("id")), record=record, arrival=arrival, prompt=prompt,
+        out=prompt.extend(ids(), shape.generated), generated=shape.generated,
+        events=min(events, shape.generated) if events else (shape.generated if stream else 0),
+        stream=stream, client=client, lora_in=lora_asked(record),
+        patience_s=_patience(record), overhead_s=_overhead(record), shared=base.length,
+        recorded_cache=shape.cache)
+
+
+def _parent(mine: Sequence[Job], recent: Sequence[Job], shape: _Shape, arrival: float,
+            return_gap_s: float) -> tuple[Seq | None, int]:
+    """The sequence the prompt starts with and how many of its tokens (rules in the docstring);
+    `mine`: the client's earlier requests, `recent`: everybody's, newest first."""
+    if mine:
+        last = mine[0]
+        ended = last.arrival + (num(last.record, "total_ms") or 0.0) / 1000.0
+        away = arrival - ended >= return_gap_s
+        if away and shape.cache < last.prompt_tokens < shape.prompt:
+            return last.out, min(shape.prompt - 1, last.out.length)
+    if shape.cache <= 0:
+        return None, 0
+    for job in (*mine, *recent):
+        if job.out.length >= shape.cache:
+            return job.out, shape.cache
+    return None, 0
+
+
+def _patience(record: RecordLine) -> float | None:
+    if record.get("outcome") != "client_gone":
+        return None
+    total = num(record, "total_ms")
+    return None if total is None else total / 1000.0
+
+
+def _overhead(record: RecordLine) -> float:
+    proxy_ms = num(record, "proxy_ms")
+    if proxy_ms is None:
+        return 0.0
+    spent = proxy_ms - (num(record, "held_ms") or 0.0)
+    return min(MAX_OVERHEAD_S, max(0.0, spent / 1000.0))
+
+
+def lora_asked(record: Mapping[str, Any]) -> Any:
+    """The `lora` field the client sent; a log made by a client (no `lora_in`) has only what was
+    sent to the server."""
+    return record.get("lora_in") if "lora_in" in record else record.get("lora_out")

@@ -1,0 +1,158 @@
+"""llama-server's slots between two batches (`process_single_task`, `get_available_slot`,
+`launch_slot_with_task`, `release` in tools/server/server-context.cpp): which slot a queued task
+gets, what the RAM prompt cache copies meanwhile, what a released slot keeps. Pure; the rules are
+the server model's 1, 2 and 8 (server.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from proxy.whatif.costs import Costs
+from proxy.whatif.prompts import Held, Seq
+from proxy.whatif.ramcache import PromptCache
+from proxy.whatif.settings import ServerSettings
+
+
+class Phase(enum.Enum):
+    IDLE = 0
+    STARTED = 1
+    PROMPT = 2
+    GEN = 3
+
+
+@dataclass(eq=False)
+class Task:
+    """A completion task: a request, or a piece (`n_predict` 1: one token sampled, then it ends)."""
+
+    key: str
+    prompt: Seq
+    out: Seq
+    n_predict: int
+    lora: str = "default"
+    explicit_lora: bool = False
+    cache_n: int = 0
+    done: int = 0
+    n_gen: int = 0
+    t_start: float | None = None
+    tokens: list[float] = field(default_factory=list)
+    cancelled: bool = False
+    truncated: bool = False
+
+    @property
+    def prompt_n(self) -> int:
+        return self.prompt.length - self.cache_n
+
+
+@dataclass(eq=False)
+class Slot:
+    id: int
+    phase: Phase = Phase.IDLE
+    task: Task | None = None
+    held: Held = field(default_factory=Held)
+    t_last: float = -1.0
+    lora: str | None = None
+    """The explicit LoRA settings of its last task (a different one clears its cache)."""
+
+
+class Slots:
+    """The slots, the task queue, the deferred tasks and the RAM prompt cache."""
+
+    def __init__(self, settings: ServerSettings, costs: Costs) -> None:
+        self.settings, self.costs = settings, costs
+        self.slots = [Slot(i) for i in range(settings.parallel)]
+        self.cache = PromptCache(settings.cache_ram, costs.kv_bytes_per_token)
+        self.queue: deque[Task] = deque()
+        self.deferred: deque[Task] = deque()
+
+    def preload(self, seqs: list[Seq]) -> None:
+        """Sequences held before the log began: in the RAM cache, else in empty slots."""
+        for seq in seqs:
+            held = Held(seq, seq.length)
+            if not self.cache.save(held):
+                empty = next((s for s in self.slots if s.held.n == 0), None)
+                if empty is not None:
+                    empty.held = held
+
+    def cancel(self, task: Task) -> bool:
+        """Rule 8: a queued task disappears; True if it runs in a slot (released later)."""
+        task.cancelled = True
+        for line in (self.queue, self.deferred):
+            if task in line:
+                line.remove(task)
+        return any(s.task is task for s in self.slots)
+
+    def common(self, prompt: Seq) -> int:
+        """The most tokens of `prompt` an idle slot or the RAM cache holds (an exact estimate)."""
+        idle = (s.held.common(prompt) for s in self.slots if s.phase is Phase.IDLE)
+        return max(max(idle, default=0), self.cache.common(prompt))
+
+    def assign(self, now: float) -> float:
+        """Between two batches: cancelled tasks leave their slots, queued tasks get slots (rules 1,
+        2). Returns the main loop's time spent copying to and from the RAM cache, in ms."""
+        for slot in self.slots:
+            if slot.task is not None and slot.task.cancelled:
+                self.release(slot, now)
+        spent = 0
+        while self.queue:
+            task = self.queue.popleft()
+            if task.cancelled:
+                continue
+            chosen, copied = self._select(task)
+            spent += copied
+            if chosen is None:
+                self.deferred.append(task)
+                continue
+            self._launch(chosen, task)
+            if self.settings.cache_idle_slots and self.cache.enabled:
+                for idle in self.slots:
+                    if idle.phase is Phase.IDLE:
+                        spent += self.cache.save(idle.held)
+                        if self.settings.kv_unified:
+                            idle.held = Held()
+        return spent * self.costs.kv_bytes_per_token / (self.costs.copy_gb_s * 1e9) * 1000.0
+
+    def _select(self, task: Task) -> tuple[Slot | None, int]:
+        """`get_available_slot`: the best similar idle slot, else the least recently used one;
+        on the latter (or a similar one that keeps under half its tokens) the RAM cache is used."""
+        idle = [s for s in self.slots if s.phase is Phase.IDLE]
+        if not idle:
+            return None, 0
+        chosen, update = None, True
+        sps = self.settings.slot_prompt_similarity
+        if sps > 0:
+            best = 0.0
+            for slot in idle:
+                if slot.held.n > 0:
+                    sim = slot.held.common(task.prompt) / task.prompt.length
+                    if sim > best and sim > sps:
+                        best, chosen = sim, slot
+            if chosen is not None:
+                update = best * task.prompt.length / chosen.held.n < 0.5
+        if chosen is None:
+            chosen = min(reversed(idle), key=lambda s: s.t_last)
+        copied = 0
+        if update and self.cache.enabled:
+            copied += self.cache.save(chosen.held)
+            entry = self.cache.load(chosen.held, task.prompt)
+            if entry is not None:
+                chosen.held, copied = entry, copied + entry.n
+        return chosen, copied
+
+    def _launch(self, slot: Slot, task: Task) -> None:
+        if task.explicit_lora and slot.lora is not None and slot.lora != task.lora:
+            slot.held = Held()  # lora_should_clear_cache: an explicit switch recomputes
+        if task.explicit_lora:
+            slot.lora = task.lora
+        slot.phase, slot.task = Phase.STARTED, task
+
+    def release(self, slot: Slot, now: float) -> None:
+        task = slot.task
+        if task is not None:
+            kept = task.done + max(0, task.n_gen - 1) if task.n_gen else task.done
+            slot.held = Held(task.out if task.n_gen else task.prompt, kept)
+        slot.phase, slot.task, slot.t_last = Phase.IDLE, None, now
+        if self.deferred:
+            self.queue.appendleft(self.deferred.popleft())

@@ -1,0 +1,58 @@
+"""How long one batch of the server model takes, from the `Costs`: prompt tokens in micro-batches of
+`n_ubatch` (with one shared KV the decode tokens share the first; with a KV per slot they get one
+of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.whatif.costs import Costs
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRun:
+    """One slot's prompt tokens in a batch."""
+
+    tokens: int
+    ctx: int
+    """Cells the first of them attends to before itself: the slot's own tokens, plus every other
+    slot's with one shared KV."""
+
+
+def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun], *,
+             n_ubatch: int, unified: bool) -> float:
+    """One batch: `decode_ctx` holds the cells each decode token attends to."""
+    decoders = len(decode_ctx)
+    attended = costs.decode_per_kctx_ms * sum(decode_ctx) / 1000.0
+    if not runs:
+        return costs.step_ms + costs.per_slot_ms * max(0, decoders - 1) + attended
+    ub = max(1, n_ubatch)
+    prompt = sum(r.tokens for r in runs)
+    if unified:
+        micro = math.ceil((decoders + prompt) / ub)
+    else:
+        micro = (1 if decoders else 0) + sum(math.ceil(r.tokens / ub) for r in runs)
+    ms = costs.fixed_ms * micro + costs.per_decoder_ms * decoders + attended
+    for run in runs:
+        k = math.ceil(run.tokens / ub)
+        read = k * run.ctx + ub * k * (k - 1) / 2
+        ms += (costs.per_token_ms * run.tokens
+               + costs.per_token_per_kctx_ms * run.tokens * (run.ctx + run.tokens / 2) / 1000.0
+               + costs.per_kctx_ms * read / 1000.0)
+    return ms
+
+
+def decode_steps_ms(costs: Costs, decoders: int, attended: int, growth: int,
+                    steps: int) -> npt.NDArray[np.float64]:
+    """The times of `steps` decode-only steps in a row: the first with `attended` cells attended
+    in all, each next one with `growth` more."""
+    k = np.arange(steps, dtype=np.float64)
+    base = costs.step_ms + costs.per_slot_ms * max(0, decoders - 1)
+    result: npt.NDArray[np.float64] = base + costs.decode_per_kctx_ms * (attended + k * growth) / 1000.0
+    return result

@@ -1,0 +1,218 @@
+"""`slotwise whatif` beyond the server model's rules: its settings and costs (errors name the key),
+the workload read from a log, the calibration recovering known costs, a replay of the recorded
+settings reproducing its log, slotwise's own policies inside it, the command line, and its speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.cli.main import main
+from proxy.config import Config
+from proxy.report.records import load_timing_log
+from proxy.whatif.check import compare, figures, passed
+from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
+from proxy.whatif.predict import Inputs, Prediction, predict
+from proxy.whatif.requests import build_workload
+from proxy.whatif.settings import (
+    ServerSettings,
+    Settings,
+    SettingsError,
+    apply,
+    server_log_settings,
+)
+from proxy.whatif.synth import day, field_scene, loaded, record
+
+DATA = Path(__file__).parent / "data"
+TRUTH = Costs(fixed_ms=12.0, per_token_ms=0.9, per_token_per_kctx_ms=0.02, per_decoder_ms=0.5,
+              per_kctx_ms=4.0, step_ms=25.0, per_slot_ms=2.0, decode_per_kctx_ms=0.3)
+"""The machine a made-up day is first played on; calibration must find it again."""
+TRUTH_FILE = CostsFile(values={f.name: getattr(TRUTH, f.name) for f in dataclasses.fields(Costs)
+                               if f.name != "source"})
+RECORDED = ("parallel=4", "kv_unified=false", "n_batch=2048", "n_ubatch=512", "ctx=0")
+
+
+def played(records: list[dict[str, Any]], *sets: str, costs: CostsFile | None = TRUTH_FILE,
+           recorded: tuple[str, ...] = RECORDED) -> Prediction:
+    return predict(Inputs(records, recorded=recorded, sets=sets, costs_file=costs))
+
+
+def as_log(prediction: Prediction) -> list[dict[str, Any]]:
+    return loaded([r.to_dict() for r in prediction.outcome.records])
+
+
+@pytest.fixture(scope="module")
+def recorded_day() -> list[dict[str, Any]]:
+    """Three hours of five chat users, played on TRUTH: the log the what-if then reads."""
+    return as_log(played(loaded(day(requests=240, hours=3.0, seed=3))))
+
+
+class TestSettings:
+    def test_an_unknown_key_is_one_line_naming_the_valid_ones(self) -> None:
+        with pytest.raises(SettingsError) as err:
+            apply(Settings(ServerSettings(), Config()), ["nbatch=512"], {})
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("nbatch: unknown key")
+        assert "n_batch" in message and "prefill.mode" in message
+
+    def test_slotwise_keys_are_checked_by_the_config_parser(self) -> None:
+        with pytest.raises(SettingsError, match=r"prefill.mode: unknown mode 'chunks' \(valid: off"):
+            apply(Settings(ServerSettings(), Config()), ["prefill.mode=chunks"], {})
+        with pytest.raises(SettingsError, match=r"prefill\.cold_tokn: unknown key"):
+            apply(Settings(ServerSettings(), Config()), ["prefill.cold_tokn=5"], {})
+
+    def test_a_bad_server_value_names_the_key(self) -> None:
+        with pytest.raises(SettingsError, match=r"parallel: 0 is not valid"):
+            apply(Settings(ServerSettings(), Config()), ["parallel=0"], {})
+
+    def test_values_are_read_as_toml_and_n_batch_follows_into_the_policy(self) -> None:
+        out = apply(Settings(ServerSettings(), Config()),
+                    ["n_batch=512", "kv_unified=false", "prefill.mode=chunk",
+                     "prefill.max_stall_ms=300", "keep_kv.enabled=true"], {})
+        assert (out.server.n_batch, out.server.kv_unified) == (512, False)
+        assert (out.config.prefill.mode, out.config.prefill.max_stall_ms) == ("chunk", 300.0)
+        assert out.config.prefill.n_batch == 512 and out.config.keep_kv.enabled
+
+    def test_the_server_log_says_slots_context_and_shared_kv(self) -> None:
+        lines = (DATA / "server-excerpt.log").read_text().splitlines()
+        assert server_log_settings(lines) == {"parallel": 2, "kv_unified": False, "ctx": 65536}
+
+
+class TestCosts:
+    def test_an_unknown_key_names_the_valid_ones(self) -> None:
+        with pytest.raises(CostsError, match=r"prefill.per_tok_ms: unknown key \(valid: fixed_ms"):
+            parse_costs({"prefill": {"per_tok_ms": 1}})
+        with pytest.raises(CostsError, match=r"measured\.prefill_rates: expected rows"):
+            parse_costs({"measured": {"prefill_rates": [1, 2]}})
+
+    def test_the_costs_used_can_be_given_back(self, tmp_path: Path) -> None:
+        path = tmp_path / "costs.toml"
+        path.write_text(TRUTH.as_toml())
+        assert load_costs(str(path)).values == TRUTH_FILE.values
+
+
+class TestWorkload:
+    def test_a_turn_extends_its_clients_previous_prompt_and_reply(self) -> None:
+        first = record("1", 0.0, "a", 1000, 0, 100)
+        second = record("2", 60.0, "a", 1200, 1100, 50)
+        jobs = build_workload(loaded([first, second])).jobs
+        assert jobs[1].prompt.prefix(1100) == jobs[0].out.prefix(1100)
+
+    def test_a_client_back_after_a_pause_brings_back_its_history(self) -> None:
+        first = record("1", 0.0, "a", 1000, 0, 100)
+        back = record("2", 3600.0, "a", 1200, 0, 50)  # the server had lost it
+        work = build_workload(loaded([first, back]))
+        assert work.returns == 1 and work.jobs[1].shared == 1100
+
+    def test_a_cached_prefix_nothing_explains_was_there_before_the_log(self) -> None:
+        work = build_workload(loaded([record("1", 0.0, "a", 5000, 4000, 10)]))
+        assert [s.length for s in work.before_log] == [4000]
+
+    def test_other_requests_are_copied_and_slotwises_own_left_out(self) -> None:
+        other = {**record("e", 1.0, None, 10, 0, 1), "kind": "embeddings"}
+        warm = {**record("w", 2.0, None, 10, 0, 1), "kind": "warm"}
+        work = build_workload(loaded([other, warm, record("c", 3.0, "a", 100, 0, 5)]))
+        assert ([r["id"] for r in work.copied], work.dropped, len(work.jobs)) == (["e"], 1, 1)
+
+
+class TestCalibration:
+    def test_the_log_gives_back_the_machine_it_was_played_on(self,
+                                                           recorded_day: list[dict[str, Any]]) -> None:
+        costs = played(recorded_day, costs=None).costs
+        assert costs.per_token_ms == pytest.approx(TRUTH.per_token_ms, rel=0.15)
+        assert costs.step_ms == pytest.approx(TRUTH.step_ms, rel=0.1)
+        assert costs.origin("per_token_ms") == "log"
+
+    def test_what_the_log_cannot_tell_is_said(self) -> None:
+        bare = loaded(field_scene())  # no times at all
+        prediction = played(bare, costs=None)
+        assert "prefill.per_token_ms" in prediction.costs.assumed()
+        assert any("no prompt of 256+ tokens" in n for n in prediction.calibration.notes)
+
+
+class TestReplay:
+    def test_the_recorded_settings_give_back_the_recorded_log(self,
+                                                            recorded_day: list[dict[str, Any]]) -> None:
+        again = as_log(played(recorded_day, costs=None))
+        rows = compare(again, recorded_day)
+        assert passed(rows, 0.10), rows
+
+    def test_every_request_gets_one_record_with_its_id(self,
+                                                      recorded_day: list[dict[str, Any]]) -> None:
+        again = played(recorded_day, "n_batch=512")
+        assert sorted(r.id for r in again.outcome.records) == sorted(
+            str(r["id"]) for r in recorded_day)
+
+
+class TestPolicies:
+    def test_chunk_feeds_the_cold_prompt_in_pieces_and_the_stream_keeps_going(self) -> None:
+        scene = loaded(field_scene(cold_tokens=12_000))
+        off = {r.id: r for r in played(scene).outcome.records}
+        chunk = {r.id: r for r in played(scene, "prefill.mode=chunk").outcome.records}
+        assert chunk["cold"].pieces > 0 and chunk["cold"].prefill_plan == "chunked"
+        assert (chunk["stream"].gap_max_ms or 0) < (off["stream"].gap_max_ms or 0) / 2
+
+    def test_defer_holds_the_cold_prompt_while_the_stream_generates(self) -> None:
+        scene = loaded(field_scene(cold_tokens=12_000, stream_tokens=300))
+        held = {r.id: r for r in played(scene, "prefill.mode=defer").outcome.records}
+        assert held["cold"].prefill_plan == "held" and held["cold"].held_ms > 0
+        assert not held["stream"].overlaps
+
+    def test_one_lora_profile_removes_the_waits(self) -> None:
+        a = record("a", 0.0, "a", 200, 0, 400, lora=[{"id": 0, "scale": 1.0}])
+        b = record("b", 1.0, "b", 200, 0, 50, lora=[{"id": 0, "scale": 0.0}])
+        scene = loaded([a, b])
+        waits = {mode: next(r for r in played(scene, f"lora.mode={mode}",
+                                              "lora.adapters=[{id = 0, scale = 1.0}]")
+                            .outcome.records if r.id == "b").prefill_wait_ms
+                 for mode in ("passthrough", "fixed")}
+        assert (waits["fixed"] or 0) < 1000 < (waits["passthrough"] or 0)
+
+
+class TestCommandLine:
+    def test_a_what_if_log_the_report_reads(self, tmp_path: Path,
+                                            recorded_day: list[dict[str, Any]],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+        log, out = tmp_path / "day.jsonl", tmp_path / "b512.jsonl"
+        log.write_bytes(b"".join(orjson.dumps({k: v for k, v in r.items() if k != "_t0"}) + b"\n"
+                                 for r in recorded_day))
+        assert main(["whatif", str(log), "--recorded", "kv_unified=false", "--set", "n_batch=512",
+                     "-o", str(out)]) == 0
+        assert len(load_timing_log(str(out)).records) == len(recorded_day)
+        assert "what-if:  -b 512" in capsys.readouterr().err
+        assert main(["report", "--compare", str(log), str(out)]) == 0
+
+    def test_bad_input_is_one_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        log = tmp_path / "day.jsonl"
+        log.write_bytes(orjson.dumps(record("1", 0.0, "a", 100, 0, 5)) + b"\n")
+        assert main(["whatif", str(log), "--set", "bogus=1", "-o", str(tmp_path / "o")]) == 1
+        assert main(["whatif", str(tmp_path / "missing"), "-o", str(tmp_path / "o")]) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 2 and lines[0].startswith("slotwise whatif: bogus: unknown key")
+
+    def test_check_compares_with_a_measured_run(self, tmp_path: Path,
+                                                recorded_day: list[dict[str, Any]],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+        log = tmp_path / "day.jsonl"
+        log.write_bytes(b"".join(orjson.dumps({k: v for k, v in r.items() if k != "_t0"}) + b"\n"
+                                 for r in recorded_day))
+        code = main(["whatif", str(log), "--recorded", "kv_unified=false", "-o",
+                     str(tmp_path / "o.jsonl"), "--check", str(log), "--tolerance", "0.1"])
+        assert code == 0 and "within ±10%: yes" in capsys.readouterr().out
+
+
+class TestSpeed:
+    def test_a_day_of_a_thousand_requests_replays_in_seconds(self) -> None:
+        records = loaded(day(requests=1000, hours=24.0))
+        began = time.perf_counter()
+        prediction = played(records, "n_batch=512")
+        elapsed = time.perf_counter() - began
+        assert len(prediction.outcome.records) == 1000
+        assert elapsed < 30.0, f"{elapsed:.1f} s (the figure in docs/whatif.md is < 10 s)"
+        assert figures([r.to_dict() for r in prediction.outcome.records])["cold_ttft_s"]

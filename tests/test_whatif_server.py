@@ -1,0 +1,265 @@
+"""The what-if's model of llama-server's slot loop, rule by rule: each class is one numbered rule of
+`proxy/whatif/server.py`. Hand-made tasks, plain-number times, simple costs; no log, no policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from proxy.whatif.costs import Costs
+from proxy.whatif.prompts import Seq
+from proxy.whatif.server import (
+    CONTEXT_EXCEEDED,
+    Failed,
+    Finished,
+    FirstToken,
+    Happening,
+    ServerModel,
+    Started,
+)
+from proxy.whatif.settings import ServerSettings
+from proxy.whatif.slots import Task
+
+COSTS = Costs(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0,
+              per_kctx_ms=0.0, step_ms=20.0, per_slot_ms=0.0, decode_per_kctx_ms=0.0,
+              lora_switch_ms=0.0, kv_bytes_per_token=1.0, copy_gb_s=1e12)
+"""A micro-batch: 10 ms + 1 ms a prompt token; a decode step 20 ms; copies free."""
+SETTINGS = ServerSettings(n_batch=2048, n_ubatch=512, parallel=2, kv_unified=False, ctx=0,
+                          cache_ram=0, cache_idle_slots=False)
+
+
+def seq(sid: int, n: int, base: Seq | None = None) -> Seq:
+    return (base or Seq()).extend(sid, n)
+
+
+def task(key: str, prompt: Seq, generate: int = 3, *, lora: str = "default",
+         explicit: bool = False) -> Task:
+    return Task(key, prompt, prompt.extend(10_000 + hash(key) % 10_000, generate), generate,
+                lora, explicit)
+
+
+def model(**over: object) -> ServerModel:
+    return ServerModel(dataclasses.replace(SETTINGS, **over), COSTS)  # type: ignore[arg-type]
+
+
+def run(server: ServerModel, submits: Sequence[tuple[float, Task]],
+        cancels: Sequence[tuple[float, Task]] = (), step: bool = False) -> list[Happening]:
+    """Submit each task at its time and run the server until it is idle; `step`: no look-ahead
+    (every boundary's horizon is its own time)."""
+    events = sorted([(t, 0, x) for t, x in submits] + [(t, 1, x) for t, x in cancels],
+                    key=lambda e: (e[0], e[1]))
+    out: list[Happening] = []
+    i = 0
+    while True:
+        t_ext = events[i][0] if i < len(events) else math.inf
+        t_srv = server.next_at
+        if t_srv is not None and t_srv <= t_ext:
+            out += server.boundary(t_srv if step else t_ext)
+        elif i < len(events):
+            t, kind, x = events[i]
+            (server.submit if kind == 0 else server.cancel)(x, t)
+            i += 1
+        else:
+            return out
+
+
+def of(happenings: Sequence[Happening], kind: type, key: str) -> list[Happening]:
+    return [h for h in happenings if isinstance(h, kind) and h.task.key == key]
+
+
+class TestRule1SlotChoice:
+    def test_the_slot_holding_most_of_the_prompt_is_chosen(self) -> None:
+        server = model()
+        a, b = task("a", seq(1, 1000)), task("b", seq(2, 1000))
+        run(server, [(0.0, a), (0.0, b)])
+        holder = next(s.id for s in server.slots if s.held.seq.segs[0][0] == 1)
+        again = task("a2", seq(3, 50, a.out))
+        run(server, [(10.0, again)])
+        assert again.cache_n == a.out.length - 1  # the reply's last token is not in the KV
+        assert next(s for s in server.slots if s.held.seq is again.out).id == holder
+
+    def test_without_a_similar_slot_the_least_recently_used_one(self) -> None:
+        server = model()
+        run(server, [(0.0, task("a", seq(1, 100)))])
+        run(server, [(5.0, task("b", seq(2, 100)))])  # the other slot: never used
+        used = {s.id: s.t_last for s in server.slots}
+        c = task("c", seq(3, 100))
+        run(server, [(10.0, c)])
+        oldest = min(used, key=lambda i: used[i])
+        assert server.slots[oldest].held.seq is c.out
+
+    def test_no_idle_slot_defers_until_one_is_released(self) -> None:
+        server = model(parallel=1)
+        a, b = task("a", seq(1, 100), 5), task("b", seq(2, 100))
+        out = run(server, [(0.0, a), (0.01, b)])
+        assert of(out, Started, "b")[0].t >= of(out, Finished, "a")[0].t
+
+
+class TestRule2RamCache:
+    def test_a_conversation_pushed_out_of_its_slot_comes_back_from_ram(self) -> None:
+        server = model(parallel=1, cache_ram=1024)
+        a, b = task("a", seq(1, 800)), task("b", seq(2, 800))
+        run(server, [(0.0, a), (5.0, b)])
+        back = task("a2", seq(3, 20, a.out))
+        run(server, [(10.0, back)])
+        assert back.cache_n == a.out.length - 1
+
+    def test_without_the_cache_it_is_computed_again(self) -> None:
+        server = model(parallel=1, cache_ram=0)
+        a, b = task("a", seq(1, 800)), task("b", seq(2, 800))
+        run(server, [(0.0, a), (5.0, b)])
+        back = task("a2", seq(3, 20, a.out))
+        run(server, [(10.0, back)])
+        assert back.cache_n == 0
+
+    def test_copies_take_the_main_loops_time(self) -> None:
+        server = ServerModel(dataclasses.replace(SETTINGS, parallel=1, cache_ram=1024),
+                             dataclasses.replace(COSTS, kv_bytes_per_token=1e6, copy_gb_s=1.0))
+        a, b = task("a", seq(1, 800)), task("b", seq(2, 800))
+        out = run(server, [(0.0, a), (5.0, b)])
+        held = 800 + 3 - 1  # its prompt and reply, the last token not in the KV
+        assert of(out, Started, "b")[0].t == pytest.approx(5.0 + held * 1e6 / 1e9)
+
+    def test_idle_slots_are_saved_and_emptied_at_each_launch_with_one_shared_kv(self) -> None:
+        server = model(cache_ram=1024, cache_idle_slots=True, kv_unified=True)
+        run(server, [(0.0, task("a", seq(1, 500)))])
+        run(server, [(5.0, task("b", seq(2, 500)))])
+        assert [s.held.n for s in server.slots if s.task is None and s.held.seq.segs
+                and s.held.seq.segs[0][0] == 1] in ([], [0])
+        assert any(e.seq.segs[0][0] == 1 for e in server.table.cache.entries)
+
+
+class TestRule3PromptStart:
+    def test_a_prompt_reuses_what_its_slot_holds(self) -> None:
+        server = model(parallel=1)
+        a = task("a", seq(1, 1000))
+        run(server, [(0.0, a)])
+        b = task("b", seq(2, 100, a.prompt.prefix(600)))
+        run(server, [(10.0, b)])
+        assert (b.cache_n, b.prompt_n) == (600, 100)
+
+    def test_a_prompt_held_whole_recomputes_one_token(self) -> None:
+        server = model(parallel=1)
+        a = task("a", seq(1, 1000))
+        run(server, [(0.0, a)])
+        again = task("again", a.prompt)
+        run(server, [(10.0, again)])
+        assert again.prompt_n == 1
+
+    def test_a_prompt_longer_than_the_slot_context_is_refused(self) -> None:
+        server = model(ctx=2048)  # two slots of 1,024
+        big = task("big", seq(1, 1024))
+        out = run(server, [(0.0, big)])
+        assert [(h.status, "exceeds" in h.error) for h in out if isinstance(h, Failed)] == [
+            (400, True)]
+
+    def test_an_explicit_lora_change_clears_the_slot(self) -> None:
+        server = model(parallel=1)
+        a = task("a", seq(1, 500), lora="0:1.0", explicit=True)
+        run(server, [(0.0, a)])
+        b = task("b", seq(2, 10, a.out), lora="0:0.5", explicit=True)
+        run(server, [(10.0, b)])
+        assert b.cache_n == 0
+
+
+class TestRule4BatchContents:
+    def test_decode_tokens_first_then_prompt_tokens_up_to_n_batch(self) -> None:
+        server = model(n_batch=512)
+        gen = task("gen", seq(1, 10), 50)
+        cold = task("cold", seq(2, 2000), 1)
+        out = run(server, [(0.0, gen), (0.1, cold)])
+        during = [t for t in gen.tokens if of(out, Started, "cold")[0].t < t <= cold.tokens[0]]
+        assert len(during) == math.ceil(2000 / 511)  # one token per batch of 1 + 511
+
+    def test_the_lower_slot_takes_the_prompt_budget_first(self) -> None:
+        server = model(n_batch=1000, parallel=2)
+        first = task("first", seq(1, 3000), 1)
+        second = task("second", seq(2, 3000), 1)
+        run(server, [(0.0, first), (0.0, second)])
+        low, high = (first, second) if server.slots[0].held.seq is first.out else (second, first)
+        assert low.tokens[0] < high.tokens[0]
+
+    def test_other_lora_settings_wait_for_the_generating_ones(self) -> None:
+        server = model(parallel=2)
+        a = task("a", seq(1, 100), 100, lora="0:1.0", explicit=True)
+        b = task("b", seq(2, 100), 5, lora="none", explicit=True)
+        out = run(server, [(0.0, a), (0.2, b)])
+        assert of(out, Started, "b")[0].t >= of(out, Finished, "a")[0].t
+
+    def test_a_lora_switch_costs_its_time(self) -> None:
+        server = ServerModel(SETTINGS, dataclasses.replace(COSTS, lora_switch_ms=500.0))
+        a = task("a", seq(1, 100), 1, lora="0:1.0", explicit=True)
+        out = run(server, [(0.0, a)])
+        assert of(out, FirstToken, "a")[0].t == pytest.approx((10 + 100 + 500) / 1000.0)
+
+
+class TestRule5BatchTime:
+    def test_a_prompt_in_micro_batches_then_decode_steps(self) -> None:
+        server = model()
+        a = task("a", seq(1, 1000), 3)
+        run(server, [(0.0, a)])
+        first = (2 * 10 + 1000) / 1000.0
+        assert a.tokens == pytest.approx([first, first + 0.02, first + 0.04])
+
+
+class TestRule6Tokens:
+    def test_a_task_ends_at_n_predict_and_its_slot_keeps_prompt_and_reply(self) -> None:
+        server = model(parallel=1)
+        a = task("a", seq(1, 100), 7)
+        out = run(server, [(0.0, a)])
+        assert a.n_gen == 7 and len(of(out, Finished, "a")) == 1
+        assert server.slots[0].held.n == 100 + 6
+
+    def test_the_slot_context_limit_truncates(self) -> None:
+        server = model(parallel=1, ctx=256)
+        a = task("a", seq(1, 200), 500)
+        run(server, [(0.0, a)])
+        assert a.truncated and a.n_gen == 256 - 200
+
+
+class TestRule7SharedKvFull:
+    def test_idle_slots_are_emptied_to_make_room(self) -> None:
+        server = model(kv_unified=True, ctx=1200)
+        run(server, [(0.0, task("a", seq(1, 800), 1))])
+        b = task("b", seq(2, 800), 1)
+        out = run(server, [(5.0, b)])
+        assert of(out, Finished, "b")
+
+    def test_when_that_is_not_enough_every_running_task_fails(self) -> None:
+        server = model(kv_unified=True, ctx=1200)
+        a, b = task("a", seq(1, 700), 50), task("b", seq(2, 700), 50)
+        out = run(server, [(0.0, a), (0.0, b)])
+        assert {h.task.key for h in out if isinstance(h, Failed)
+                and h.error == CONTEXT_EXCEEDED} == {"a", "b"}
+
+
+class TestRule8Cancel:
+    def test_a_queued_task_disappears(self) -> None:
+        server = model(parallel=1)
+        a, b = task("a", seq(1, 100), 10), task("b", seq(2, 100))
+        out = run(server, [(0.0, a), (0.01, b)], cancels=[(0.02, b)])
+        assert not of(out, Started, "b")
+
+    def test_a_running_task_is_released_and_its_slot_keeps_what_it_computed(self) -> None:
+        server = model(parallel=1, n_batch=256)
+        a = task("a", seq(1, 2000), 10)
+        out = run(server, [(0.0, a)], cancels=[(0.5, a)])
+        assert not of(out, Finished, "a")
+        assert 0 < server.slots[0].held.n < 2000 and server.slots[0].task is None
+
+
+class TestRule9QuietStretches:
+    def test_computed_at_once_the_same_as_batch_by_batch(self) -> None:
+        costs = dataclasses.replace(COSTS, per_slot_ms=3.0, decode_per_kctx_ms=0.5)
+        times = []
+        for step in (False, True):
+            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
+            a, b = task("a", seq(1, 3000), 400), task("b", seq(2, 500), 250)
+            run(server, [(0.0, a), (0.5, b)], step=step)
+            times.append((a.tokens, b.tokens))
+        assert times[0][0] == pytest.approx(times[1][0])
+        assert times[0][1] == pytest.approx(times[1][1])
