@@ -23,12 +23,13 @@ from proxy.prefill import (
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
 from proxy.prefill.events import Restorable, Restore
-from proxy.prefill.pacing import BEHIND_SHARE
+from proxy.prefill.pacing import BEHIND_SHARE, IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Phase
+from proxy.warm.values import Load
 
 COLD = 2000
 
@@ -380,7 +381,7 @@ class TestRule9CostLearning:
 
     def test_learns_from_a_warm_up_piece_too(self) -> None:
         p = policy(tps=1000.0)
-        p.observe_piece(256, 1000, 100.0)
+        p.on_warm_piece_done(256, 1000, 100.0)
         assert p.snapshot().cost.samples == 1 and p.snapshot().in_flight == ()
 
     def test_learns_from_finished_prefills_of_256_tokens_or_more(self) -> None:
@@ -638,3 +639,52 @@ class TestPieceBody:
     def test_bad_upto(self) -> None:
         with pytest.raises(ValueError, match="upto_tokens"):
             piece_body([1, 2], 3)
+
+
+class TestRule15WarmUps:
+    COST = BatchCost(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
+
+    def test_while_others_generate_a_piece_fits_max_stall_ms(self) -> None:
+        sizer = WarmSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
+        assert sizer.piece(0, 5000, None, Load(busy=True, decoders=3)) == 128  # 138 ms
+
+    def test_on_an_idle_server_a_few_times_that(self) -> None:
+        sizer = WarmSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
+        assert IDLE_STALL * 160 == 640
+        assert sizer.piece(0, 5000, None, Load()) == 576  # 586 ms
+        assert sizer.piece(0, 5000, 128, Load()) == 256  # chunk's ramp: 2 × the largest so far
+
+    def test_decoding_streams_make_the_server_busy(self) -> None:
+        p = policy()
+        for name in ("s1", "s2", "s3"):
+            busy(p, name)
+        assert p.warm_load(5.0) == Load(busy=True, decoders=3)
+
+    def test_a_held_cold_request_or_a_waiting_restore_stops_them(self) -> None:
+        p = policy()
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        assert p.warm_load(0.0).cold_held
+        p = policy(slots=1)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, KEPT)
+        assert p.warm_load(0.0).cold_held
+
+    def test_a_prompt_computed_or_just_sent_pauses_them(self) -> None:
+        p = policy()
+        p.on_arrival("q", 50, 50, 10.0)
+        load = p.warm_load(10.1)
+        assert load.prefilling and load.recheck_at == 10.0 + SENT_GRACE_S
+        assert not p.warm_load(10.0 + SENT_GRACE_S).prefilling
+        p.on_prefill_started("q", 10.6)
+        assert p.warm_load(11.0).prefilling
+
+    def test_a_warm_piece_in_flight_is_the_one_piece_and_takes_a_slot(self) -> None:
+        """A cold request that arrives during a warm-up's piece is not on an idle server: it waits
+        for that piece, then goes at full speed (nobody generates)."""
+        p = policy(slots=2, tps=1000.0)
+        assert p.on_warm_pieces(1, 0.0) == []
+        assert p.on_arrival("c", 5000, 5000, 0.0) == [Hold("c", "a warm-up's piece in flight")]
+        [restore] = p.on_arrival("r", 6000, 6000, 0.1, KEPT)[1:]
+        assert restore == Restore("r")  # the second slot; the first is the warm piece's
+        assert p.on_warm_pieces(0, 0.5) == [FeedPiece("c", 1024)]

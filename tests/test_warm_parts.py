@@ -10,20 +10,13 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from proxy.estimate import NotEstimable
-from proxy.prefill.batch_cost import BatchCost
-from proxy.prefill.server_use import SENT_GRACE_S
-from proxy.record.flight import Phase
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds
 from proxy.report.warm_table import warm_table
-from proxy.request.endpoints import Kind
-from proxy.warm.load import current_load
 from proxy.warm.prefix import PROBE, chat_renders, common_prefix, same_conversation
 from proxy.warm.record import warm_flight, warm_record
-from proxy.warm.sizing import IDLE_STALL, CostSizer
-from proxy.warm.values import Knobs, Load, Outcome, WarmUp
+from proxy.warm.values import Knobs, Outcome, WarmUp
 from proxy.warm.views import status_view, warm_view
-from tests.helpers import make_flight
 
 HISTORY = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
@@ -64,42 +57,6 @@ class TestSameConversation:
     def test_a_prompt_carrying_nine_tenths_of_the_prefix_is_of_its_conversation(self) -> None:
         assert same_conversation(900, 1000) and not same_conversation(899, 1000)
         assert not same_conversation(0, 0)
-
-
-class TestPieceSizes:
-    COST = BatchCost(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
-
-    def test_while_others_generate_a_piece_fits_max_stall_ms(self) -> None:
-        sizer = CostSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
-        assert sizer.piece(0, 5000, None, Load(busy=True, decoders=3)) == 128  # 138 ms
-
-    def test_on_an_idle_server_a_few_times_that(self) -> None:
-        sizer = CostSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
-        assert IDLE_STALL * 160 == 640
-        assert sizer.piece(0, 5000, None, Load()) == 576  # 586 ms
-        assert sizer.piece(0, 5000, 128, Load()) == 256  # chunk's ramp: 2 × the largest so far
-
-
-class TestLoad:
-    def test_decoding_streams_make_the_server_busy(self) -> None:
-        flights = [make_flight(f"s{i}", 0.0, phase=Phase.DECODING) for i in range(3)]
-        assert current_load((), flights, 5.0) == Load(busy=True, decoders=3)
-
-    def test_a_held_cold_request_and_a_prefilling_one(self) -> None:
-        assert current_load(("cold",), [], 0.0).cold_held
-        assert current_load((), [make_flight("h", 0.0, phase=Phase.HELD)], 0.0).cold_held
-        assert current_load((), [make_flight("p", 0.0, phase=Phase.PREFILLING)], 0.0).prefilling
-
-    def test_a_request_just_sent_counts_as_prefilling_until_its_grace_ends(self) -> None:
-        sent = make_flight("q", 0.0, phase=Phase.QUEUED)
-        sent.timer.sent = 10.0
-        load = current_load((), [sent], 10.1)
-        assert load.prefilling and load.recheck_at == 10.0 + SENT_GRACE_S
-        assert not current_load((), [sent], 10.0 + SENT_GRACE_S).prefilling
-
-    def test_requests_that_do_not_generate_do_not_count(self) -> None:
-        other = make_flight("e", 0.0, Kind.EMBEDDINGS, phase=Phase.WAITING)
-        assert current_load((), [other], 0.0) == Load()
 
 
 def ended_warm() -> WarmUp:

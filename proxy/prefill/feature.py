@@ -1,14 +1,16 @@
 """The scheduler of llama-server's time, composed: the estimator, the pure policy, the keeper of
 saved KV (keep_kv, when enabled) and the warm-ups are built here together and handed to the gate as
-constructor arguments (`hooks.py`); the gate becomes `state.gate`, hears the registry, and runs the
-one tick loop. The warm and keep features add their routes, metrics, status and loops around the
-parts built here.
+constructor arguments (`hooks.py`), sharing one wake-up event; the gate becomes `state.gate`, hears
+the registry, and runs the one loop that acts on llama-server's time (the warm-ups tick in it). The
+warm and keep features add their routes, metrics, status and the keeper's save loop around the parts
+built here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -43,12 +45,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await estimator.prepare(new.prefill)
 
     policy = PrefillPolicy(config.prefill, n_batch=config.prefill.n_batch)
-    feeder = PieceFeeder(state.upstream)
+    feeder, wake = PieceFeeder(state.upstream), asyncio.Event()
     keeper = Keeper(state, estimator) if config.keep_kv.enabled else None
-    warmer = Warmer(state, policy.snapshot, estimator, feeder, policy.observe_piece)
+    warmer = Warmer(state, estimator, feeder, wake)
     gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,
                        registry=state.registry, clock=state.clock, policy=policy, keep=keeper,
-                       warm=warmer)
+                       warm=warmer, wake=wake)
     app[GATE], app[ESTIMATOR], app[WARMER] = gate, estimator, warmer
     if keeper is not None:
         app[KEEPER] = keeper

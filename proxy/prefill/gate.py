@@ -72,7 +72,7 @@ class PrefillGate:
                  feeder: PieceFeeder, registry: Registry,
                  clock: Callable[[], float] = time.monotonic,
                  policy: PrefillPolicy | None = None, keep: KeepHook | None = None,
-                 warm: WarmHook | None = None) -> None:
+                 warm: WarmHook | None = None, wake: asyncio.Event | None = None) -> None:
         self._cfg = config
         self._policy = policy if policy is not None else PrefillPolicy(config,
                                                                        n_batch=config.n_batch)
@@ -84,7 +84,8 @@ class PrefillGate:
         self._keys: dict[Flight, str] = {}  # requests the policy knows, until they are DONE
         self._ids: dict[str, list[int]] = {}  # their prompt ids, to correct the cache model
         self._deciding: dict[str, _Request] = {}
-        self._wake = asyncio.Event()
+        self._wake = wake if wake is not None else asyncio.Event()
+        """Set by every decision applied, and by the warm-ups when their pieces end."""
         self._warm = warm
         """Ends this conversation's warm-up before the estimate (its work is then cached)."""
         self._keep = keep
@@ -115,6 +116,7 @@ class PrefillGate:
         if self._keep is not None and ids:  # keep_kv (proxy/keep)
             est, restorable = await self._keep.restorable(flight, ids, est)
         self._policy.set_slots(self._estimator.layout.slots)
+        self._sync_warm()
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
@@ -279,11 +281,34 @@ class PrefillGate:
     def tick(self) -> None:
         self._apply(self._policy.on_tick(self._clock()))
 
+    def _sync_warm(self) -> None:
+        """Tell the policy what the warm-ups' pieces did (rule 15)."""
+        if self._warm is None:
+            return
+        for prompt_n, cache_n, batch_ms in self._warm.done_pieces():
+            self._policy.on_warm_piece_done(prompt_n, cache_n, batch_ms)
+        decisions = self._policy.on_warm_pieces(self._warm.pieces_in_flight(), self._clock())
+        if decisions:
+            self._apply(decisions)
+
+    def _tick_warm(self) -> float | None:
+        """The warm-up queue's turn, under what the policy says real requests are doing."""
+        if self._warm is None:
+            return None
+        self._sync_warm()
+        policy = self._policy
+        wakeup = self._warm.tick(policy.warm_load(self._clock()), policy.warm_sizer())
+        self._sync_warm()  # a piece it just started counts at once
+        return wakeup
+
     async def run(self) -> None:
-        """Tick at the policy's next wakeup; any decision applied wakes the loop to look again."""
+        """The one loop acting on llama-server's time: the warm-ups' turn, then the policy's tick at
+        its next wakeup; any decision applied, a request's phase or a warm piece's end wakes it."""
         while True:
             self._wake.clear()
-            wakeup = self._policy.next_wakeup()
+            warm_at = self._tick_warm()
+            wakeup = min((t for t in (self._policy.next_wakeup(), warm_at) if t is not None),
+                         default=None)
             delay = None if wakeup is None else wakeup - self._clock()
             if delay is None or delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that

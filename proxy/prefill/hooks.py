@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from proxy.estimate import Estimate
 from proxy.prefill.events import Restorable
 from proxy.record.flight import Flight
+from proxy.warm.values import Load, Sizer
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,20 @@ class KeepHook(Protocol):
 
 
 class WarmHook(Protocol):
+    """The warm-ups, driven by the gate's one loop (the policy's rule 15)."""
+
     async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
         """A real request arrived: its conversation's warm-up ends, its work is credited."""
+        ...
+
+    def tick(self, load: Load, sizer: Sizer) -> float | None:
+        """One look at the warm-up queue under `load`; starts the pieces it decides; returns
+        when to look again at the latest."""
+        ...
+
+    def pieces_in_flight(self) -> int:
+        ...
+
+    def done_pieces(self) -> list[tuple[int, int, float]]:
+        """(prompt_n, cache_n, batch_ms) of each piece that ended since the last call."""
         ...

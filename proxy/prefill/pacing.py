@@ -1,16 +1,20 @@
-"""How fast the held cold request is fed, beside the piece size the strategy chooses: the share of time
-its pieces get (rule 6, under `max_cold_factor`) and what happens when nobody generates (rule 7).
+"""How fast cold requests and warm-ups are fed, beside the piece size the strategy chooses: the share
+of time a cold request's pieces get (rule 6, under `max_cold_factor`), what happens when nobody
+generates (rule 7), and how large a warm-up's piece is (rule 15).
 
 Pure functions of the fitted batch cost, the config and the held request; the policy calls them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.outlook import RAMP, piece_sizes
+from proxy.prefill.outlook import RAMP, ChunkKnobs, Situation, fitting_piece, piece_sizes
 from proxy.prefill.sizing import PIECE_ALIGN
+from proxy.warm.values import Load
 
 IDLE_WHOLE = 4.0
 """Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
@@ -53,3 +57,27 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
     if left_ms <= rest_ms:
         return 1.0
     return min(1.0, max(cfg.prefill_share, rest_ms / left_ms))
+
+
+@dataclass(frozen=True)
+class WarmSizer:
+    """Rule 15: a warm-up's next piece, chunk's fitting piece from the policy's batch cost. While
+    others generate a piece may stall them as long as one of `chunk`'s pieces (`max_stall_ms`); on
+    an idle server only a real request that arrives during a piece waits for the rest of its batch,
+    so pieces of IDLE_STALL × `max_stall_ms` keep that wait at about one piece while using the
+    server better than small ones (fewer fixed parts)."""
+
+    cost: BatchCost
+    max_stall_ms: float
+    n_batch: int
+    prefill_share: float
+
+    def limit_ms(self, load: Load) -> float:
+        return self.max_stall_ms * (1.0 if load.busy else IDLE_STALL)
+
+    def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
+        situation = Situation(done_tokens=done, remaining_tokens=remaining, decoders=load.decoders,
+                              largest_piece=largest)
+        knobs = ChunkKnobs(max_stall_ms=self.limit_ms(load), n_batch=self.n_batch,
+                           prefill_share=self.prefill_share, max_hold_ms=0.0)
+        return fitting_piece(self.cost, situation, knobs)

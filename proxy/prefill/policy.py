@@ -22,13 +22,14 @@ from proxy.prefill.events import (
 )
 from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import ChunkKnobs, Situation
-from proxy.prefill.pacing import BEHIND_SHARE, idle_piece, pieces_share
+from proxy.prefill.pacing import BEHIND_SHARE, WarmSizer, idle_piece, pieces_share
 from proxy.prefill.restores import RestoreLine, wait_s
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
 from proxy.record.flight import Phase
+from proxy.warm.values import Load, Sizer
 
 LEARN_MIN_TOKENS = 256
 """A finished request teaches the batch cost only if it computed at least this many tokens. Short
@@ -95,6 +96,12 @@ class PrefillPolicy:
         restore left (a returning conversation is no longer cold). A restore that found no idle
         slot waits for the next request to finish; one that failed otherwise, or whose wait ran
         out, is decided as it came (computed), with the reason.
+    15. Warm-ups (the warm-up queue, proxy/warm/queue.py, decides which and how far) are the lowest
+        priority: `warm_load` tells the queue what real requests do (a cold request held or a
+        restore waiting stops them; a prompt computed or just sent pauses them), `warm_sizer` sizes
+        their pieces from the same batch cost, and their pieces in flight (`on_warm_pieces`) count
+        like a cold request's: a slot, and the one piece in flight (a cold request that arrives
+        meanwhile is not on an idle server: it waits for that piece); each teaches the cost.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -111,6 +118,7 @@ class PrefillPolicy:
         self._behind: dict[str, Arrived] = {}  # held while a slot is claimed for a restore
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._next_piece_at = 0.0
+        self._warm_pieces = 0
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -182,9 +190,15 @@ class PrefillPolicy:
         self._next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return self._advance(now)
 
-    def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
-        """A piece fed for something else than a held request (a warm-up) teaches the batch cost
-        too (rule 9); nothing else changes."""
+    def on_warm_pieces(self, in_flight: int, now: float) -> list[Decision]:
+        """How many warm-up pieces are in flight now (rule 15)."""
+        if in_flight == self._warm_pieces:
+            return []
+        self._warm_pieces = in_flight
+        return self._advance(now)
+
+    def on_warm_piece_done(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
+        """A warm-up's piece teaches the batch cost like a cold request's (rules 9, 15)."""
         self._cost.observe_piece(tokens, ctx, elapsed_ms, self._use.decoders())
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
@@ -227,6 +241,18 @@ class PrefillPolicy:
         times = [t for t in (self._restores.next_wakeup(), self._plans_wakeup()) if t is not None]
         return min(times, default=None)
 
+    def warm_load(self, now: float) -> Load:
+        """Rule 15: what real requests are doing, as the warm-up queue decides by it."""
+        grace = self._use.sent_grace_end()
+        return Load(cold_held=bool(self._plans or self._restores or self._behind),
+                    prefilling=self._use.prefilling() or now < grace, busy=bool(self._use),
+                    decoders=self._use.decoders(), recheck_at=grace if now < grace else None)
+
+    def warm_sizer(self) -> Sizer:
+        """Rule 15: a warm-up's pieces are sized like a cold request's, from the same cost."""
+        cfg = self._cfg
+        return WarmSizer(self._cost.cost, cfg.max_stall_ms, self._n_batch, cfg.prefill_share)
+
     def choice(self, done_tokens: int, remaining_tokens: int,
                largest_piece: int | None = None) -> PieceChoice:
         """How a cold request at this point would go on now (rule 6), from the fitted cost."""
@@ -265,13 +291,14 @@ class PrefillPolicy:
             return self._admit(req_id, "prefill.mode off", now)
         if req.est_new_tokens < self._cfg.cold_tokens:
             return self._admit(req_id, "not cold", now)
-        if not self._plans and not self._use:
+        if not self._plans and not self._use and not self._warm_pieces:
             return self._admit(req_id, "cold, nobody generating", now)
         if self._plans and len(self._plans) > self._cfg.max_waiting:
             self._notes.pop(req_id, None)
             return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
-        why = "waiting for its turn" if self._plans else "others generating"
+        why = ("waiting for its turn" if self._plans else "others generating" if self._use
+               else "a warm-up's piece in flight")
         self._plans[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
         return [Hold(req_id, why), *self._advance(now)]
 
@@ -327,7 +354,7 @@ class PrefillPolicy:
             return []
         if self._cfg.mode == "defer":
             return self._defer_step(now)
-        if any(p.piece_upto is not None for p in self._plans.values()):
+        if self._warm_pieces or any(p.piece_upto is not None for p in self._plans.values()):
             return []
         if not self._use:
             return self._idle(shortest_rest(self._plans.values()), now)
@@ -377,7 +404,8 @@ class PrefillPolicy:
             return min(p.deadline for p in self._plans.values())
         holds = [p.hold_until for p in self._plans.values() if p.hold_until is not None]
         active = self._active()
-        if active is None or active.piece_upto is not None or active.hold_until is not None:
+        if (active is None or active.piece_upto is not None or active.hold_until is not None
+                or self._warm_pieces):
             pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
         elif active.behind:
             pieces = self._next_piece_at
@@ -407,7 +435,7 @@ class PrefillPolicy:
         """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
         if self._slots is None:
             return 1
-        pieces = sum(1 for p in self._plans.values() if p.piece_upto is not None)
+        pieces = self._warm_pieces + sum(1 for p in self._plans.values() if p.piece_upto is not None)
         return self._slots - len(self._use) - pieces - self._restores.running()
 
     def _share(self, held: HeldRequest, now: float) -> float:

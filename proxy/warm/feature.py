@@ -1,5 +1,5 @@
 """The warm feature, around the `Warmer` the scheduler built (proxy/prefill/feature.py, installed
-before it): the warm endpoints, the warm-ups' figures in /metrics, and the warmer's loop. At
+before it, whose one loop ticks it): the warm endpoints and the warm-ups' figures in /metrics. At
 shutdown every warm-up still pending or running ends, cancelled, with its record.
 """
 
@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Iterable
 from aiohttp import web
 from prometheus_client.core import Metric
 
-from proxy.ops.background import background
 from proxy.ops.metrics import METRICS
 from proxy.state import STATE
 from proxy.warm.routes import WARMER, install_routes
@@ -44,12 +43,10 @@ def install(app: web.Application) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    state, warmer = app[STATE], app[WARMER]
-    state.registry.subscribe(warmer.on_phase)
+    warmer = app[WARMER]
     if METRICS in app:
         app[METRICS].registry.register(WarmCollector(warmer))
     try:
-        async with background(warmer.run(), "slotwise-warm"):
-            yield
+        yield
     finally:
         await warmer.close()
