@@ -129,6 +129,23 @@ class TestCalibration:
         assert costs.step_ms == pytest.approx(TRUTH.step_ms, rel=0.1)
         assert costs.origin("per_token_ms") == "log"
 
+    def test_a_lora_switch_is_found_in_prompts_that_follow_other_settings(self) -> None:
+        loras = ([{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}])
+        calls = [record(str(i), 100.0 * i, "a", 600, 0, 20, lora=loras[i // 2 % 2])
+                 for i in range(24)]
+        truth = CostsFile(values={**TRUTH_FILE.values, "lora_switch_ms": 300.0})
+        log = as_log(played(loaded(calls), costs=truth))
+        costs = played(log, costs=None).costs
+        assert costs.lora_switch_ms == pytest.approx(300.0, rel=0.1)
+        assert costs.origin("lora_switch_ms") == "log"
+
+    def test_the_server_logs_progress_lines_are_batch_steps(self) -> None:
+        lines = (DATA / "server-excerpt.log").read_text().splitlines()
+        prediction = predict(Inputs(loaded(field_scene()), server_log=lines))
+        assert prediction.calibration.steps >= 5  # 2,000 tokens every 2 s: 1 ms a token
+        assert prediction.costs.per_token_ms == pytest.approx(1.0, rel=0.1)
+        assert prediction.recorded.server.parallel == 2
+
     def test_what_the_log_cannot_tell_is_said(self) -> None:
         bare = loaded(field_scene())  # no times at all
         prediction = played(bare, costs=None)

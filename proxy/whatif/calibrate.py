@@ -6,13 +6,15 @@ prompt-progress lines (the field report's batch-size table), each one observatio
 coefficients; fitted by non-negative least squares on the time (so a day's long prefills weigh
 most), the prior's shapes at 3 % keeping what the day cannot tell apart at the prior's proportions.
 Decode: every reply of at least MIN_STEPS tokens generated while no other prompt was computed,
-its mean step against the slots generating beside it and the context they attend to.
+its mean step against the slots generating beside it and the context they attend to. A LoRA
+switch: what prompts computed alone after other LoRA settings take over the prediction.
 A coefficient the observations cannot tell (no decoding slot beside a prefill, one context size)
 keeps its default and is reported as assumed. Pure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -26,8 +28,11 @@ from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tasks import Task, task_to_span
 from proxy.whatif.costs import Costs
+from proxy.whatif.settings import ServerSettings
+from proxy.whatif.stepcost import prompt_alone_ms
 
 MIN_STEPS = 16
+MIN_SWITCHES = 3
 PRIOR_SHARE = 0.03
 MIN_CTX_SPREAD = 2000
 """Contexts must differ by this many tokens before the fit may put a price on context."""
@@ -42,12 +47,14 @@ class PrefillObs:
     batches: int
     """Batches (decode calls) it took."""
     micro: int
-    """Micro-batches it took."""
+    """Micro-batches of its prompt tokens."""
+    apart: float = 0.0
+    """Micro-batches of the decode tokens beside it (a KV per slot gives them their own)."""
 
     def row(self, n_ubatch: int) -> tuple[float, float, float, float, float]:
         ub = max(1, n_ubatch)
         read = self.micro * self.ctx + ub * self.micro * (self.micro - 1) / 2
-        return (float(self.micro), float(self.tokens),
+        return (self.micro + self.apart, float(self.tokens),
                 self.tokens * (self.ctx + self.tokens / 2) / 1000.0,
                 self.decoders * self.batches, read / 1000.0)
 
@@ -70,13 +77,15 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
 
-def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, n_batch: int,
-               n_ubatch: int) -> PrefillObs:
-    return PrefillObs(tokens, ctx, ms, decoders, max(1, math.ceil(tokens / max(1, n_batch))),
-                      max(1, math.ceil(tokens / max(1, n_ubatch))))
+def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings
+               ) -> PrefillObs:
+    batches = max(1, math.ceil(tokens / max(1, server.n_batch)))
+    apart = 0.0 if server.kv_unified else batches * min(1.0, decoders)
+    return PrefillObs(tokens, ctx, ms, decoders, batches,
+                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart)
 
 
-def observations(spans: Sequence[Span], n_batch: int, n_ubatch: int
+def observations(spans: Sequence[Span], server: ServerSettings
                  ) -> tuple[list[PrefillObs], list[DecodeObs]]:
     """The clean prefills and decodes among `spans` (records or server tasks)."""
     index = SpanIndex(spans)
@@ -89,7 +98,7 @@ def observations(spans: Sequence[Span], n_batch: int, n_ubatch: int
         if computed and computed >= LEARN_MIN_TOKENS and prompt_ms and not _prefill_beside(
                 index, span, p0, p1):
             prefills.append(prompt_obs(computed, span.cache_n or 0, prompt_ms,
-                                       _decoding(index, span, p0, p1), n_batch, n_ubatch))
+                                       _decoding(index, span, p0, p1), server))
         steps = (span.predicted_n or 0) - 1
         if steps >= MIN_STEPS and span.predicted_ms and not _prefill_beside(index, span, p1, end):
             beside = _decoding(index, span, p1, end)
@@ -99,7 +108,7 @@ def observations(spans: Sequence[Span], n_batch: int, n_ubatch: int
     return prefills, decodes
 
 
-def progress_obs(tasks: Sequence[Task], n_batch: int, n_ubatch: int) -> list[PrefillObs]:
+def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
     """One observation per iteration between two prompt-progress lines of a server task (printed
     once a prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
     index = SpanIndex([s for t in tasks if (s := task_to_span(t)) is not None])
@@ -109,9 +118,30 @@ def progress_obs(tasks: Sequence[Task], n_batch: int, n_ubatch: int) -> list[Pre
         for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
             if n1 > n0 and t1 > t0:
                 beside = _decoding(index, Span(task.key, t0, t1), t0, t1)
-                out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, beside, n_batch,
-                                      n_ubatch))
+                out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, beside, server))
     return out
+
+
+def lora_switch_ms(spans: Sequence[Span], costs: Costs, server: ServerSettings) -> float | None:
+    """What a change of LoRA settings adds to a prompt computed alone: the median excess over the
+    costs' prediction of prompts whose settings differ from the previous prompt's, less that of
+    the others (the field report's way: 1,008 against 247 ms). None: under MIN_SWITCHES of either."""
+    index = SpanIndex(spans)
+    timed = sorted((s for s in spans if s.prefill_start is not None and s.first_token is not None
+                    and s.prompt_n and s.prompt_ms is not None), key=lambda s: s.prefill_start or 0)
+    excess: dict[bool, list[float]] = {True: [], False: []}
+    previous: str | None = None
+    for span in timed:
+        alone = not any(True for _ in index.active(span.start, span.end, span.key))
+        if alone and previous is not None and span.lora is not None:
+            predicted = prompt_alone_ms(costs, span.prompt_n or 0, span.cache_n or 0,
+                                        n_batch=server.n_batch, n_ubatch=server.n_ubatch,
+                                        unified=server.kv_unified)
+            excess[span.lora != previous].append((span.prompt_ms or 0.0) - predicted)
+        previous = span.lora if span.lora is not None else previous
+    if min(len(excess[True]), len(excess[False])) < MIN_SWITCHES:
+        return None
+    return max(0.0, float(np.median(excess[True])) - float(np.median(excess[False])))
 
 
 def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: int,
@@ -176,18 +206,19 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs]) -> Costs:
     return cal.costs.with_values(found, "log")
 
 
-def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None, n_ubatch: int,
-              base: Costs) -> Costs:
+def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None,
+              server: ServerSettings, base: Costs) -> Costs:
     """Costs from figures like the field report's: prompt tokens/s by the tokens a batch advanced
     (`[measured] prefill_rates`), one stream's decode rate; fitted in the same form."""
-    obs = [prompt_obs(n, 0, n / r * 1000.0, 0.0, n, n_ubatch) for n, r in rates]
+    one = dataclasses.replace(server, n_batch=1 << 30)  # each row is one batch
+    obs = [prompt_obs(n, 0, n / r * 1000.0, 0.0, one) for n, r in rates]
     costs = base
     if decode_tok_s:
         step = 1000.0 / decode_tok_s
         costs = costs.with_values({"step_ms": step}, "measured")
-        obs.append(prompt_obs(1, 0, step, 0.0, 1, n_ubatch))
+        obs.append(prompt_obs(1, 0, step, 0.0, one))
     if len(obs) >= 2:
-        a = np.array([o.row(n_ubatch)[:2] for o in obs], dtype=np.float64)
+        a = np.array([o.row(server.n_ubatch)[:2] for o in obs], dtype=np.float64)
         y = np.array([o.ms for o in obs], dtype=np.float64)
         fixed, per_token = (float(v) for v in nonnegative_lstsq(a, y))
         costs = costs.with_values({"fixed_ms": fixed, "per_token_ms": per_token}, "measured")

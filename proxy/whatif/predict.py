@@ -15,7 +15,15 @@ import orjson
 from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import rebuild_tasks, task_to_span
-from proxy.whatif.calibrate import Calibration, PrefillObs, fit, fit_rates, observations, progress_obs
+from proxy.whatif.calibrate import (
+    Calibration,
+    PrefillObs,
+    fit,
+    fit_rates,
+    lora_switch_ms,
+    observations,
+    progress_obs,
+)
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
@@ -77,19 +85,22 @@ def settings_of(inputs: Inputs) -> tuple[Settings, Settings, dict[str, Any], lis
 def calibrate(inputs: Inputs, server: ServerSettings) -> Calibration:
     spans = [record_to_span(r) for r in inputs.records
              if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
-    prefills, decodes = observations(spans, server.n_batch, server.n_ubatch)
+    prefills, decodes = observations(spans, server)
     steps: list[PrefillObs] = []
     if inputs.server_log is not None:
         tasks = rebuild_tasks(parse_server_log(inputs.server_log).events)
         task_spans = [s for t in tasks if (s := task_to_span(t)) is not None]
         if not spans:
-            prefills, decodes = observations(task_spans, server.n_batch, server.n_ubatch)
-        steps = progress_obs(tasks, server.n_batch, server.n_ubatch)
+            prefills, decodes = observations(task_spans, server)
+        steps = progress_obs(tasks, server)
     cal = fit([*prefills, *steps], decodes, server.n_ubatch)
     cal.prefills, cal.steps = len(prefills), len(steps)
+    switch = lora_switch_ms(spans, cal.costs, server)
+    if switch is not None:
+        cal.costs = cal.costs.with_values({"lora_switch_ms": switch}, "log")
     given = inputs.costs_file
     if given is not None:
-        cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server.n_ubatch, cal.costs)
+        cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server, cal.costs)
         cal.costs = cal.costs.with_values(given.values, "given")
     return cal
 

@@ -56,3 +56,14 @@ def decode_steps_ms(costs: Costs, decoders: int, attended: int, growth: int,
     base = costs.step_ms + costs.per_slot_ms * max(0, decoders - 1)
     result: npt.NDArray[np.float64] = base + costs.decode_per_kctx_ms * (attended + k * growth) / 1000.0
     return result
+
+
+def prompt_alone_ms(costs: Costs, tokens: int, ctx: int, *, n_batch: int, n_ubatch: int,
+                    unified: bool) -> float:
+    """A prompt of `tokens` after `ctx` cached, alone on the server: batches of `n_batch`."""
+    ms, done = 0.0, 0
+    while done < tokens:
+        n = min(max(1, n_batch), tokens - done)
+        ms += batch_ms(costs, (), (PromptRun(n, ctx + done),), n_ubatch=n_ubatch, unified=unified)
+        done += n
+    return ms
