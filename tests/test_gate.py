@@ -35,10 +35,10 @@ class Clock:
 class FakeEstimator:
     """`body["n"]` prompt ids, all new; `body["fail"]` raises EstimateError."""
 
-    def __init__(self, slots: int | None = None) -> None:
+    def __init__(self, slots: int | None = None, slot_ctx: int | None = None) -> None:
         self.calls = 0
         self.learned: list[tuple[int, int | None]] = []
-        self.layout = ServerLayout(slots=slots)
+        self.layout = ServerLayout(slots=slots, slot_ctx=slot_ctx)
 
     async def estimate(self, cfg: PrefillConfig, kind: str, body: Mapping[str, Any]
                        ) -> tuple[list[int], Estimate]:
@@ -355,3 +355,12 @@ async def test_two_cold_requests_share_the_prefill_time(rig: Rig) -> None:
     assert c.prefill.pieces >= 1 and not long.done()
     long.cancel()
     await asyncio.gather(long, return_exceptions=True)
+
+
+async def test_a_prompt_longer_than_a_slot_is_never_fed(rig: Rig) -> None:
+    rig.estimator.layout = ServerLayout(slots=4, slot_ctx=8192)  # type: ignore[attr-defined]
+    await generating(rig)
+    await rig.gate.admit(c := flight(rig, "c"), {"n": 9456})
+    assert rig.feeder.pieces == [] and c.prefill.pieces == 0
+    assert c.prefill.note == ("the prompt's 9,456 tokens are more than a slot holds (8,192): "
+                              "forwarded as it came, no piece fed")

@@ -192,6 +192,24 @@ def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
     assert abs(rec["est_new_tokens"] - rec["timings"]["prompt_n"]) <= 0.05 * rec["est_new_tokens"]
 
 
+def test_a_prompt_longer_than_a_slot_is_answered_at_once_with_no_piece_fed(
+        server: LlamaServer, start_proxy: StartProxy) -> None:
+    """Slots of 8,192 tokens: a ~10k-token prompt while a stream runs is not fed in pieces (68 s
+    of everyone's time before llama-server's 400, as it was): the server's own error comes at once."""
+    proxy = start_proxy(server.url, **prefill("chunk"))
+    stream = Stream(proxy.url)
+    try:
+        started = time.monotonic()
+        reply = call("POST", proxy.url + "/v1/chat/completions", cold_body(7, words=7000))
+        took = time.monotonic() - started
+    finally:
+        stream.close()
+    assert reply.status_code == 400 and took < 1.5, (reply.status_code, took)
+    [rec] = [r for r in read_records(proxy) if r["status"] == 400]
+    assert rec["pieces"] == 0 and rec["prefill_plan"] == "none"
+    assert "more than a slot holds (8,192): forwarded as it came, no piece fed" in rec["policy_note"]
+
+
 def _tasks(log: Path) -> int:
     return log.read_text(errors="replace").count("processing task")
 

@@ -140,11 +140,17 @@ class PrefillGate:
 
     async def _estimate(self, cfg: PrefillConfig, kind: Kind, body: Mapping[str, Any]
                         ) -> tuple[list[int], Estimate, str | None]:
-        """Fail open: a request that cannot be estimated is admitted as not cold, with a note."""
+        """Fail open: a request that cannot be estimated is admitted as not cold, with a note; so
+        is one longer than a slot holds (llama-server answers it with its own error at once:
+        feeding it in pieces would only spend everyone's time first)."""
         try:
             ids, est = await self._estimator.estimate(cfg, kind, body)
         except EstimateError as exc:
             return [], Estimate(0, 0), f"not estimated, forwarded as it came: {exc}"
+        slot_ctx = self._estimator.layout.slot_ctx
+        if slot_ctx is not None and len(ids) > slot_ctx:
+            return [], Estimate(0, 0), (f"the prompt's {len(ids):,} tokens are more than a slot "
+                                        f"holds ({slot_ctx:,}): forwarded as it came, no piece fed")
         return ids, est, None
 
     async def _wait(self, request: _Request, flight: Flight, start: float) -> Release:
