@@ -1,6 +1,6 @@
 """The server model's costs, fitted from what a day's log shows, in the prefill gate's batch-cost form.
 
-Prefill: every prompt of at least LEARN_MIN_TOKENS computed while no other prompt was (its prefill
+Prefill: every prompt of at least MIN_PROMPT tokens computed while no other prompt was (its prefill
 time, its cached prefix, the decoding slots beside it on average), and every step of llama-server's
 prompt-progress lines (the field report's batch-size table), each one observation of the five
 coefficients; fitted by non-negative least squares on the time (so a day's long prefills weigh
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row, nonnegative_lstsq
-from proxy.prefill.policy import LEARN_MIN_TOKENS
 from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tasks import Task, task_to_span
@@ -31,6 +30,8 @@ from proxy.whatif.costs import Costs
 from proxy.whatif.settings import ServerSettings
 from proxy.whatif.stepcost import prompt_alone_ms
 
+MIN_PROMPT = 256
+"""Shorter prompts are mostly per-request work (the prefill policy learns from none either)."""
 MIN_STEPS = 16
 MIN_SWITCHES = 3
 PRIOR_SHARE = 0.03
@@ -95,7 +96,7 @@ def observations(spans: Sequence[Span], server: ServerSettings
         if p0 is None or p1 is None:
             continue
         computed, prompt_ms = span.prompt_n, span.prompt_ms
-        if computed and computed >= LEARN_MIN_TOKENS and prompt_ms and not _prefill_beside(
+        if computed and computed >= MIN_PROMPT and prompt_ms and not _prefill_beside(
                 index, span, p0, p1):
             prefills.append(prompt_obs(computed, span.cache_n or 0, prompt_ms,
                                        _decoding(index, span, p0, p1), server))

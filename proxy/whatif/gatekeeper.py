@@ -57,9 +57,13 @@ class PolicySeam:
     there the seam answers itself: the fits the policy would make of every finished prefill (most
     of a replay's time) change no decision."""
 
-    def __init__(self, config: PrefillConfig, n_batch: int) -> None:
+    def __init__(self, config: PrefillConfig, n_batch: int, slots: int) -> None:
         self.mode = config.mode
         self._policy = PrefillPolicy(config, n_batch=n_batch) if config.mode != "off" else None
+        # The gate tells a policy that counts slots how many the server has (from /props).
+        set_slots = getattr(self._policy, "set_slots", None)
+        if callable(set_slots):
+            set_slots(slots)
         self.unknown: dict[str, int] = {}
         """Decisions of a kind this seam does not know, by name (left unapplied)."""
 

@@ -61,7 +61,7 @@ class Replay:
         self.server = ServerModel(settings.server, costs)
         self.server.preload(workload.before_log)
         self.witness = Witness(build=records)
-        self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch)
+        self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
