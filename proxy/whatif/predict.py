@@ -132,7 +132,7 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
         notes.append(f"warm-ups, saves and restores: {workload.dropped} records of them left out; "
                      "what they computed is computed by the requests")
     others = sorted({k for k in whatif.changed if "." in k
-                     and k.split(".", 1)[0] not in MODELLED_TABLES})
+                     and k.split(".", 1)[0] not in (*MODELLED_TABLES, "keep_kv")})
     if others:
         notes.append(f"{', '.join(others)}: no effect on what the model follows")
     return notes
