@@ -10,26 +10,22 @@ each registry change and at the queue's next wakeup.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from array import array
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.config import PrefillConfig
 from proxy.estimate import EstimateError
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceError, PieceFeeder
-from proxy.prefill.snapshot import PolicySnapshot
-from proxy.record.flight import Flight, Phase
+from proxy.record.flight import Flight
 from proxy.state import ProxyState
-from proxy.warm.load import current_load
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
 from proxy.warm.queue import WarmQueue
 from proxy.warm.record import warm_record
-from proxy.warm.sizing import CostSizer
-from proxy.warm.values import CancelPiece, Decision, Ended, Feed, Knobs, WarmUp
+from proxy.warm.values import CancelPiece, Decision, Ended, Feed, Knobs, Load, Sizer, WarmUp
 
 log = logging.getLogger("slotwise.warm")
 
@@ -42,26 +38,24 @@ async def stable_prefix(estimator: Estimator, config: PrefillConfig, kind: str,
                         body: Mapping[str, Any]) -> tuple[list[int], int]:
     """The ids a warm-up computes (`prefix.py` says which) and how many of them the server holds
     (all of them, possibly: the turn that follows extends them, so none is computed again).
-    Raises EstimateError (NotEstimable: the body's fault)."""
+    Raises EstimateError (NotEstimable: the body's fault; PromptTooLong: more than a slot holds,
+    found before the ids are decoded)."""
     if is_chat_like(kind):
         so_far, turn = chat_renders(kind, body)
-        ids, _ = await estimator.estimate(config, "chat", so_far)
-        ids = ids[:common_prefix(ids, await estimator.prompt_ids(config, "chat", turn))]
+        ids = await estimator.prompt_ids(config, "chat", so_far, fit_slot=True)
+        ids = ids[:common_prefix(ids, await estimator.prompt_ids(config, "chat", turn, fit_slot=True))]
     else:
-        ids, _ = await estimator.estimate(config, kind, body)
+        ids = await estimator.prompt_ids(config, kind, body, fit_slot=True)
     return ids, min(len(ids), estimator.cache.estimate_cached([*ids, NEXT_TOKEN]))
 
 
-Teach = Callable[[int, int, float], None]
-"""(prompt_n, cache_n, prompt_ms) of a piece: the prefill policy's batch cost learns from it."""
-
-
 class Warmer:
-    def __init__(self, state: ProxyState, snapshot: Callable[[], PolicySnapshot | None],
-                 estimator: Estimator, feeder: PieceFeeder, teach: Teach | None = None) -> None:
+    """Implements the prefill gate's `WarmHook`: the gate's one loop ticks it with the load and the
+    piece sizes the prefill policy gives (rule 15), and wakes when `wake` is set (a piece ended)."""
+
+    def __init__(self, state: ProxyState, estimator: Estimator, feeder: PieceFeeder,
+                 wake: asyncio.Event) -> None:
         self._state = state
-        self._snapshot = snapshot
-        self._teach = teach
         self._estimator = estimator
         self._feeder = feeder
         self._clock = state.clock
@@ -69,7 +63,8 @@ class Warmer:
         self._flights: dict[str, Flight] = {}  # each warm-up's record facts, until written
         self._lora: dict[str, Any] = {}
         self._pieces: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
+        self._done: list[tuple[int, int, float]] = []  # pieces ended, until the gate reads them
+        self._wake = wake
         self.ended = Counter[str]()
         """Warm-ups ended, by outcome (the metrics)."""
         self.computed_tokens = 0
@@ -88,7 +83,9 @@ class Warmer:
     # ---- the HTTP side -----------------------------------------------------------------------------
 
     async def submit(self, flight: Flight, kind: str, body: Mapping[str, Any], lora: Any) -> WarmUp:
-        """Queue a warm-up of `body` (WarmRefused, EstimateError). `flight` becomes its record."""
+        """Queue a warm-up of `body` (WarmRefused, EstimateError). `flight` becomes its record.
+        The bounds that need no ids are checked before the body is tokenized."""
+        self.queue.check_room(flight.client, self.knobs())
         ids, cached = await stable_prefix(self._estimator, self._state.config.prefill, kind, body)
         now = self._clock()
         warm = WarmUp(id=flight.id, client=flight.client, ids=array("l", ids), cached=cached,
@@ -133,29 +130,18 @@ class Warmer:
 
     # ---- the loop ----------------------------------------------------------------------------------
 
-    def on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
-        """Registry listener: what the real requests do changed; look again."""
-        self._wake.set()
-
-    def tick(self) -> float | None:
+    def tick(self, load: Load, sizer: Sizer) -> float | None:
         """One look at the queue; returns when to look again at the latest."""
-        now, knobs, snap = self._clock(), self.knobs(), self._snapshot()
-        if snap is None:  # no prefill policy to size pieces by: never warm
-            return None
-        load = current_load(snap.held, self._state.registry, now)
-        cfg = self._state.config.prefill
-        sizer = CostSizer(snap.cost.cost, cfg.max_stall_ms, cfg.n_batch, cfg.prefill_share)
+        now, knobs = self._clock(), self.knobs()
         self._apply(self.queue.on_tick(load, sizer, knobs, now))
         return self.queue.next_wakeup(load, knobs, now)
 
-    async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            wakeup = self.tick()
-            delay = None if wakeup is None else max(0.0, wakeup - self._clock())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
+    def pieces_in_flight(self) -> int:
+        return len(self._pieces)
+
+    def done_pieces(self) -> list[tuple[int, int, float]]:
+        done, self._done = self._done, []
+        return done
 
     async def close(self) -> None:
         """At shutdown: every warm-up still pending or running ends (cancelled), with its record."""
@@ -202,8 +188,7 @@ class Warmer:
             self._wake.set()
         now = flight.timer.prefill_done = self._clock()
         self._estimator.learn(warm.ids[:upto], result.cache_n)
-        if self._teach is not None:
-            self._teach(result.prompt_n, result.cache_n, result.batch_ms)
+        self._done.append((result.prompt_n, result.cache_n, result.batch_ms))
         self._apply(self.queue.on_piece_done(warm_id, result.prompt_n, result.batch_ms,
                                              self.knobs(), now))
 
