@@ -99,3 +99,12 @@ def test_the_pieces_table_keeps_every_figure_at_80_columns() -> None:
     text = printed(pieces_table(pieces, "testbed small model"))
     assert "…" not in text
     assert all(f in text for f in ("25,600", "123,000", "5780.5", "6012.3", "165.2 ×"))
+
+
+def test_an_indented_label_keeps_its_first_word_whole() -> None:
+    table = figures_table()
+    table.add_column("")
+    table.add_column("figure", justify="right")
+    table.add_row("  restored from a file (tokens)", "1,234,567,890,123,456,789,012,345,678,901")
+    text = printed(table, width=50)
+    assert "  restored" in text and "restor\n" not in text

@@ -578,3 +578,15 @@ def test_an_anthropic_turn_without_timings_counts_from_its_usage() -> None:
     rows = table(tables.turns_table(spans, Thresholds()))
     assert rows["of which >= 95% cached"][0] == 1
     assert rows["of which >= 5,000 new tokens"][0] == 1
+
+
+def test_a_short_turn_during_a_warm_ups_pieces_overlaps_a_long_prefill() -> None:
+    """A warm-up's record has no timings of its own: what it computed is its `fed_tokens`, so a
+    turn waiting while it ran counts as overlapping a long prefill, as behind a chunked turn."""
+    warm = rec("w", 0, 10, kind="warm", fed_tokens=4000, pieces=16, wait=0.0)
+    del warm["timings"], warm["prefill_wait_ms"], warm["ttft_ms"]
+    short = rec("s", 2, 3, wait=0.5, prefill=0.5)
+    assert new_tokens(warm) == 4000
+    spans, index = spans_of(warm, short)
+    rows = table(tables.ttft_table(spans, index, Thresholds(big_new=1000)))
+    assert rows["overlapping a prefill of >= 1,000 tokens"][0] == 1

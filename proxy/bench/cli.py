@@ -11,6 +11,7 @@ from rich.table import Table
 
 from proxy.bench.cluster import add_cluster
 from proxy.bench.contention_cli import add_contention
+from proxy.bench.day_cli import add_day
 from proxy.bench.keep import add_keep
 from proxy.bench.output import figures_table, positive_int, show
 from proxy.bench.pieces_cli import add_pieces
@@ -44,6 +45,7 @@ def register(subparsers: Any) -> None:
     add_cluster(commands)
     add_warm(commands)
     add_keep(commands)
+    add_day(commands)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -103,17 +104,23 @@ class StreamResult:
     tokens: list[float] = field(default_factory=list)
     ended: float | None = None
     status: int = 0
+    text: str = ""
+    """The reply's text (`detail` only): a chat app sends it back in the next turn."""
+    timings: dict[str, Any] | None = None
+    """The server's `timings` from the stream's last chunk (`detail` only)."""
 
     @property
     def ttft(self) -> float | None:
         return self.tokens[0] - self.sent if self.tokens else None
 
 
-async def timed_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+async def timed_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], *,
+                       headers: Mapping[str, str] | None = None, detail: bool = False
                        ) -> StreamResult:
-    """POST a streaming chat request; note when each token event arrives."""
+    """POST a streaming chat request; note when each token event arrives. With `detail`, each
+    event is decoded too, for the reply's text and the server's timings (costs the client CPU)."""
     result = StreamResult(sent=time.monotonic())
-    async with session.post(url + "/v1/chat/completions", json=body) as response:
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
         result.headers = time.monotonic()
         result.status = response.status
         buffer = b""
@@ -124,8 +131,24 @@ async def timed_stream(session: aiohttp.ClientSession, url: str, body: dict[str,
             for event in events:
                 if event.startswith(b"data: {") and b'"content":"' in event:
                     result.tokens.append(now)
+                if detail and event.startswith(b"data: {"):
+                    _read_event(result, event[6:])
     result.ended = time.monotonic()
     return result
+
+
+def _read_event(result: StreamResult, data: bytes) -> None:
+    """The text and timings one chat stream event carries (`detail`)."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(timings := event.get("timings"), dict):
+        result.timings = timings
+    for choice in event.get("choices") or ():
+        content = (choice.get("delta") or {}).get("content")
+        if isinstance(content, str):
+            result.text += content
 
 
 def temp_dir(prefix: str) -> Path:

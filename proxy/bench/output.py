@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Column, Table
@@ -68,7 +69,17 @@ def _least(console: Console, column: Column) -> int:
     header = _measure(console, column.header).minimum
     sizes = [_measure(console, cell) for cell in column.cells]
     whole = column.justify == "right"
-    return max([header, *(size.maximum if whole else size.minimum for size in sizes)])
+    least = [size.maximum if whole else size.minimum for size in sizes]
+    return max([header, *least, *(_indented(cell) for cell in column.cells)])
+
+
+def _indented(cell: Any) -> int:
+    """An indented label ("  median") keeps its indentation with its first word, which rich's
+    measure leaves out."""
+    if not isinstance(cell, str) or not cell.startswith(" ") or not cell.strip():
+        return 0
+    text = cell.lstrip(" ")
+    return cell_len(cell) - cell_len(text) + cell_len(text.split(maxsplit=1)[0])
 
 
 def _measure(console: Console, renderable: Any) -> Measurement:

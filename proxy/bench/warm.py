@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,9 +103,10 @@ async def _session() -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
 
 
-async def post_warm(session: aiohttp.ClientSession, url: str, history: list[dict[str, str]]
-                    ) -> dict[str, Any]:
-    async with session.post(url + WARM_PATH, json={"messages": history}) as response:
+async def post_warm(session: aiohttp.ClientSession, url: str, history: list[dict[str, str]], *,
+                    headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async with session.post(url + WARM_PATH, json={"messages": history},
+                            headers=headers) as response:
         body: dict[str, Any] = await response.json()
         if response.status != 202:
             raise RuntimeError(f"POST {WARM_PATH} answered {response.status}: {body}")

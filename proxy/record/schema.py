@@ -175,7 +175,7 @@ def overlaps(flight: Flight) -> tuple[Overlap, ...]:
         hi = min(peer.end if peer.end is not None else end, end)
         if hi <= lo:
             continue
-        events, decode_s = _decode_inside(timer.tokens, lo, hi)
+        events, decode_s = decode_inside(timer.tokens, lo, hi)
         result.append(Overlap(
             id=peer.id, computed_tokens=peer.computed_tokens,
             from_ms=round((lo - timer.arrived) * 1000.0, 1),
@@ -193,7 +193,7 @@ def biggest(found: tuple[Overlap, ...], limit: int = MAX_OVERLAPS) -> tuple[Over
     return tuple(found[i] for i in sorted(ranked[:limit]))
 
 
-def _decode_inside(tokens: list[float], lo: float, hi: float) -> tuple[int, float]:
+def decode_inside(tokens: list[float], lo: float, hi: float) -> tuple[int, float]:
     """Token events in (lo, hi] and how long this request was decoding within [lo, hi]."""
     if len(tokens) < 2:
         return 0, 0.0

@@ -120,7 +120,8 @@ def prompt_split(record: RecordLine) -> tuple[int | None, int | None]:
         return prompt_n, cache_n
     computed, total = _int(num(record, "computed_tokens")), _int(num(record, "prompt_tokens"))
     if computed is None:
-        return None, None
+        # A warm-up computes nothing of its own: all its tokens are its pieces' (`fed_tokens`).
+        return (0, None) if record.get("kind") == "warm" else (None, None)
     return computed, None if total is None else max(0, total - computed)
 
 

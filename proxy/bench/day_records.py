@@ -1,0 +1,170 @@
+"""What the day's client saw, turned into figures (pure): each request as the client timed it
+(`Call`); for the direct paths, timing records in slotwise's own format made from those calls, so
+that `slotwise report`'s tables (proxy/report) are built the same way on every path; and the day's
+own figures: each returning user's and each post-summary turn's time to first token, and everyone's
+longest gap between tokens.
+
+A direct request's record follows docs/record.md from the client's side: its prefill starts the
+server's `prompt_ms` before its first token (what its wait excludes, as in the field report), so
+`prefill_wait_ms` is that start − sent, and `overlaps` are the other requests' prefills that
+overlapped its life, with its own decode inside them (`proxy/record/schema.py` does the same from
+slotwise's registry).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from proxy.bench.day import Act
+from proxy.bench.harness import StreamResult
+from proxy.record.schema import decode_inside
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request of the day as its client saw it (times are the client's monotonic clock)."""
+
+    id: str
+    who: str
+    act: Act
+    purpose: str
+    lora: list[dict[str, Any]] | None
+    result: StreamResult
+
+    @property
+    def prefill_start(self) -> float | None:
+        """When the slot began computing the prompt: the first token less the server's own
+        `prompt_ms`; without timings, the response headers."""
+        r = self.result
+        prompt_ms = (r.timings or {}).get("prompt_ms")
+        if r.tokens and isinstance(prompt_ms, int | float):
+            return max(r.sent, r.tokens[0] - prompt_ms / 1000.0)
+        return r.headers
+
+    @property
+    def prefill(self) -> tuple[float, float] | None:
+        """From the prefill's start to the first token (or the end, without one)."""
+        start = self.prefill_start
+        if start is None:
+            return None
+        return start, self.result.tokens[0] if self.result.tokens else max(start, self.end)
+
+    @property
+    def end(self) -> float:
+        return self.result.ended if self.result.ended is not None else self.result.sent
+
+    @property
+    def computed(self) -> int | None:
+        value = (self.result.timings or {}).get("prompt_n")
+        return value if isinstance(value, int) else None
+
+    @property
+    def ok(self) -> bool:
+        return self.result.status == 200 and bool(self.result.tokens)
+
+
+def client_records(calls: Sequence[Call], wall_offset: float) -> list[dict[str, Any]]:
+    """The calls as timing records, in order of sending; `wall_offset` turns the client's monotonic
+    clock into Unix time (for the records' `start`)."""
+    ordered = sorted(calls, key=lambda c: c.result.sent)
+    return [client_record(call, ordered, wall_offset) for call in ordered]
+
+
+def client_record(call: Call, everyone: Sequence[Call], wall_offset: float) -> dict[str, Any]:
+    r, tokens = call.result, call.result.tokens
+    timings = r.timings or {}
+    prompt_n, cache_n = timings.get("prompt_n"), timings.get("cache_n")
+    gaps = [b - a for a, b in itertools.pairwise(tokens)]
+    return {
+        "id": call.id, "start": datetime.fromtimestamp(r.sent + wall_offset, UTC).isoformat(),
+        "method": "POST", "endpoint": CHAT_ENDPOINT, "kind": "chat", "status": r.status,
+        "stream": True, "outcome": "done" if call.ok else "upstream_error",
+        "client": call.who, "purpose": call.purpose,
+        "ttft_ms": _ms(r.sent, tokens[0]) if tokens else None,
+        "decode_ms": _ms(tokens[0], tokens[-1]) if tokens else None,
+        "total_ms": _ms(r.sent, call.end), "events": len(tokens),
+        "gap_max_ms": round(max(gaps) * 1000.0, 1) if gaps else None,
+        "prefill_wait_ms": None if call.prefill_start is None else _ms(r.sent, call.prefill_start),
+        "timings": r.timings,
+        "prompt_tokens": prompt_n + cache_n if isinstance(prompt_n, int)
+        and isinstance(cache_n, int) else None,
+        "computed_tokens": prompt_n if isinstance(prompt_n, int) else None,
+        "fed_tokens": 0, "pieces": 0, "lora_out": call.lora,
+        "inflight_at_start": [o.id for o in everyone
+                              if o is not call and o.result.sent <= r.sent < o.end],
+        "overlaps": overlaps(call, everyone),
+    }
+
+
+def overlaps(call: Call, everyone: Sequence[Call]) -> list[dict[str, Any]]:
+    """Every other call whose prefill overlapped this one's life, with this one's decode in it."""
+    sent, end, found = call.result.sent, call.end, []
+    for peer in everyone:
+        span = peer.prefill
+        if peer is call or span is None:
+            continue
+        lo, hi = max(span[0], sent), min(span[1], end)
+        if hi <= lo:
+            continue
+        events, decode_s = decode_inside(call.result.tokens, lo, hi)
+        found.append({"id": peer.id, "computed_tokens": peer.computed, "from_ms": _ms(sent, lo),
+                      "to_ms": _ms(sent, hi), "decode_events": events,
+                      "decode_ms": round(decode_s * 1000.0, 1)})
+    return found
+
+
+def _ms(a: float, b: float) -> float:
+    return round((b - a) * 1000.0, 1)
+
+
+# -- the day's own figures -----------------------------------------------------------------------
+
+def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]] = ()
+                ) -> dict[str, Any]:
+    """The figures beside the report's tables: the returning users' and post-summary turns' time
+    to first token (with what slotwise restored or warmed for them, from its records), everyone's
+    longest gap, and how many requests failed."""
+    by_id = {str(r.get("id")): r for r in proxy_records}
+    ordered = sorted(calls, key=lambda c: c.result.sent)
+    return {
+        "returning": [_turn(c, by_id) for c in ordered if c.act is Act.RETURN],
+        "after_summary": [_turn(c, by_id) for c in ordered if c.act is Act.RESUME],
+        "longest_gap_s": longest_gaps(ordered),
+        "requests": len(ordered),
+        "failed": [c.id for c in ordered if not c.ok],
+        "day_s": (max(c.end for c in ordered) - ordered[0].result.sent) if ordered else None,
+    }
+
+
+def _turn(call: Call, by_id: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    record = by_id.get(call.id, {})
+    timings = call.result.timings or {}
+    return {"who": call.who, "id": call.id, "ttft_s": call.result.ttft,
+            "prompt_tokens": _sum(timings.get("prompt_n"), timings.get("cache_n")),
+            "restored_tokens": record.get("restored_tokens"),
+            "warmed_tokens": record.get("warmed_tokens"),
+            "fed_tokens": record.get("fed_tokens"), "policy_note": record.get("policy_note")}
+
+
+def _sum(a: object, b: object) -> int | None:
+    return a + b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def longest_gaps(calls: Sequence[Call]) -> dict[str, float | None]:
+    """Each client's longest gap between two token events of one reply, and everyone's."""
+    out: dict[str, float | None] = {}
+    for call in calls:
+        gaps = [b - a for a, b in itertools.pairwise(call.result.tokens)]
+        if gaps:
+            out[call.who] = max(max(gaps), out.get(call.who) or 0.0)
+        else:
+            out.setdefault(call.who, None)
+    known = [v for v in out.values() if v is not None]
+    out["everyone"] = max(known) if known else None
+    return out

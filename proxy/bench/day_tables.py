@@ -1,0 +1,177 @@
+"""The tables `slotwise bench day` prints (pure aggregation; rich tables, printed by day_cli.py):
+the field report's own tables, built by `slotwise report`'s code (proxy/report) from each path's
+timing records, side by side with one column per path; and the day's own figures. Over several
+runs, each cell is the median with the range under it, e.g. `0.21 s` over `(0.18-0.25)`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from proxy.bench.output import figures_table
+from proxy.report.cells import fmt
+from proxy.report.records import RecordLine, TimingLog
+from proxy.report.render import table_dict
+from proxy.report.reports import timing_report
+from proxy.report.tables import Thresholds
+
+REPORT_KEYS = ("ttft_short", "decode_rate", "waits")
+"""The report's tables the day compares: short turns' time to first token by what else ran, the
+streams' rate during long prefills, waits of 1 s or more before the prefill and what ran meanwhile."""
+UNITS = ("s", "ms", "tok/s", "ev/s")
+
+Runs = Sequence[Mapping[str, Mapping[str, Any]]]
+"""One mapping per run: path label → that path's figures (a table as `table_dict`, or the day's)."""
+Pick = Callable[[Mapping[str, Any]], float | int | None]
+"""Takes one figure out of a path's day figures (KeyError, IndexError: it has none)."""
+
+
+def report_tables(records: Sequence[RecordLine], log: TimingLog, th: Thresholds
+                  ) -> dict[str, dict[str, Any]]:
+    """The report's tables of one path, by key, as `slotwise report --format json` has them."""
+    report = timing_report(log.path, records, log, th)
+    return {t.key: table_dict(t) for t in report.tables if t.key in REPORT_KEYS}
+
+
+def number(value: float, unit: str) -> str:
+    """A figure without its unit, in the report's formats (proxy/report/cells.py), but seconds to
+    0.01 s: the day's short turns differ by tenths."""
+    if unit == "s":
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return fmt(value, unit).removesuffix(f" {unit}").removesuffix("%")
+
+
+def with_unit(text: str, unit: str) -> str:
+    return text + ("%" if unit == "%" else f" {unit}" if unit in UNITS else "")
+
+
+def cell(values: Sequence[float | None], unit: str) -> str:
+    """One run's value, or over several the median with the range on a line of its own (three
+    paths side by side then fit 80 columns): `0.21 s` over `(0.18-0.25)`."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "–"
+    # A count's median is one of the counts seen (median_low), never half a request.
+    middle = with_unit(number((statistics.median_low if unit == "" else statistics.median)(known),
+                              unit), unit)
+    if len(values) == 1:
+        return middle
+    return f"{middle}\n({number(min(known), unit)}-{number(max(known), unit)})"
+
+
+def _grid(title: str, paths: Sequence[str]) -> Table:
+    table = figures_table(title)
+    table.add_column("")
+    for path in paths:
+        table.add_column(path, justify="right")
+    return table
+
+
+def _paths(runs: Runs) -> list[str]:
+    return list(runs[0]) if runs else []
+
+
+def report_grid(runs: Runs, key: str, where: str = "") -> Table:
+    """One of the report's tables (`key`), a column per path: a line per row of the report (with
+    its sample count), then a line per figure. `where` heads the title (the set-up, the runs)."""
+    paths = _paths(runs)
+    tables = [run[p] for run in runs for p in paths if p in run]
+    first = tables[0]
+    grid = _grid(f"{where}: {first['title']}" if where else first["title"], paths)
+    for label in _labels(tables):
+        rows = {p: [_row(run.get(p), label) for run in runs] for p in paths}
+        grid.add_row(f"{label} ({first['n_label']})",
+                     *(cell([r["n"] if r else 0 for r in rows[p]], "") for p in paths))
+        for i, (column, unit) in enumerate(zip(first["columns"], first["units"], strict=True)):
+            grid.add_row(f"  {column}", *(cell([r["values"][i] if r else None for r in rows[p]],
+                                               unit) for p in paths))
+    grid.caption = _notes({p: t["note"] for run in runs for p, t in run.items() if t.get("note")})
+    return grid
+
+
+def _notes(notes: Mapping[str, str]) -> str | None:
+    """The tables' notes: once if every path has the same, else each with its path."""
+    if len(set(notes.values())) == 1 and len(notes) > 1:
+        return next(iter(notes.values()))
+    return "\n".join(f"{p}: {note}" for p, note in notes.items()) or None
+
+
+def _labels(tables: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every row label of the tables, in order of first appearance (a row with no samples on one
+    path may be missing there)."""
+    seen: list[str] = []
+    for table in tables:
+        seen += [row["label"] for row in table["rows"] if row["label"] not in seen]
+    return seen
+
+
+def _row(table: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | None:
+    return next((r for r in (table or {}).get("rows", ()) if r["label"] == label), None)
+
+
+def day_grid(runs: Runs, where: str = "") -> Table:
+    """The day's own figures, a column per path: the returning users' and post-summary turns'
+    time to first token (with what slotwise restored or warmed for them), everyone's longest gap."""
+    paths = _paths(runs)
+    title = "returning users, turns after a summary, everyone's longest gap"
+    grid = _grid(f"{where}: {title}" if where else title, paths)
+    first = runs[0][paths[0]]
+    for kind, label, extra, word in (
+            ("returning", "returns", "restored_tokens", "restored from a file"),
+            ("after_summary", "after the summary", "warmed_tokens", "warmed ahead")):
+        for i, turn in enumerate(first[kind]):
+            grid.add_row(f"{turn['who']} {label}: time to first token",
+                         *_cells(runs, paths, _turn(kind, i, "ttft_s"), "s"))
+            grid.add_row("  its prompt (tokens)",
+                         *_cells(runs, paths, _turn(kind, i, "prompt_tokens"), ""))
+            grid.add_row(f"  {word} (tokens)", *_cells(runs, paths, _turn(kind, i, extra), ""))
+    grid.add_row("longest gap between tokens", *("" for _ in paths))
+    for who in first["longest_gap_s"]:
+        grid.add_row(f"  {who}", *_cells(runs, paths, _gap(who), "s"))
+    grid.add_row("requests failed", *_cells(runs, paths, _failed, ""))
+    if any(f.get("not_played") for run in runs for f in run.values()):
+        grid.add_row("requests not played (the day was cut)",
+                     *_cells(runs, paths, _not_played, ""))
+    grid.add_row("the day's length", *_cells(runs, paths, _length, "s"))
+    return grid
+
+
+def _turn(kind: str, index: int, key: str) -> Pick:
+    def pick(figures: Mapping[str, Any]) -> float | int | None:
+        value = figures[kind][index][key]
+        return value if isinstance(value, int | float) else None
+    return pick
+
+
+def _gap(who: str) -> Pick:
+    return lambda figures: figures["longest_gap_s"].get(who)
+
+
+def _failed(figures: Mapping[str, Any]) -> int:
+    return len(figures["failed"])
+
+
+def _not_played(figures: Mapping[str, Any]) -> int:
+    return int(figures.get("not_played") or 0)
+
+
+def _length(figures: Mapping[str, Any]) -> float | None:
+    value = figures["day_s"]
+    return value if isinstance(value, int | float) else None
+
+
+def _cells(runs: Runs, paths: Sequence[str], pick: Pick, unit: str) -> list[str]:
+    out = []
+    for path in paths:
+        values = []
+        for run in runs:
+            try:
+                values.append(pick(run[path]))
+            except (KeyError, IndexError):
+                values.append(None)
+        out.append(cell(values, unit))
+    return out
