@@ -120,8 +120,7 @@ def prompt_split(record: RecordLine) -> tuple[int | None, int | None]:
         return prompt_n, cache_n
     computed, total = _int(num(record, "computed_tokens")), _int(num(record, "prompt_tokens"))
     if computed is None:
-        # A warm-up computes nothing of its own: all its tokens are its pieces' (`fed_tokens`).
-        return (0, None) if record.get("kind") == "warm" else (None, None)
+        return None, None
     return computed, None if total is None else max(0, total - computed)
 
 
@@ -184,6 +183,8 @@ def record_to_span(record: RecordLine, first_piece: Mapping[str, float] | None =
     total = num(record, "total_ms") or 0.0
     inflight = record.get("inflight_at_start")
     prompt_n, cache_n = prompt_split(record)
+    if prompt_n is None and record.get("kind") == "warm":
+        prompt_n = 0  # a warm-up computes nothing of its own: its new tokens are its pieces'
     return Span(
         key=str(record.get("id")),
         start=t0,
