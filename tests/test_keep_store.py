@@ -382,12 +382,17 @@ class TestRule8Restored:
         assert restore is not None
         assert names(s.on_restore_failed(restore, status=400)) == [f.name] and s.files == {}
 
-    def test_a_restore_without_an_answer_quarantines_the_file_for_good(self) -> None:
+    def test_a_restore_without_an_answer_from_a_server_gone_quarantines_the_file(self) -> None:
         f = saved_file(1024)
         s = with_files(f)
         restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
         assert restore is not None
-        assert s.on_restore_failed(restore, status=None) == [Quarantine(f.name, ANY)]
+        assert s.on_restore_failed(restore, status=None) == []  # slow, the server still up
+        assert f.name in s.files
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0)])
+        assert restore is not None
+        assert s.on_restore_failed(restore, status=None, server_gone=True) == [
+            Quarantine(f.name, ANY)]
         assert s.files == {} and s.restoring == {}
         assert s.restore(chain(1100), "", 1100, 0, [slot(0)]) is None  # never tried again
 

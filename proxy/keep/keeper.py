@@ -53,7 +53,9 @@ log = logging.getLogger("slotwise.keep")
 
 SLOTS_TIMEOUT_S = 2.0
 SAVE_TIMEOUT_S = 300.0
-RESTORE_TIMEOUT_S = 10.0
+RESTORE_TIMEOUT_S = 30.0
+"""A restore waits in llama-server's queue behind the batch running (seconds for a long prompt)."""
+HEALTH_TIMEOUT_S = 3.0
 READ_BYTES_PER_S = 100e6
 """A restore's timeout grows by the time a slow disk takes to read its file; until restores were
 measured, a restore is taken to cost that time."""
@@ -247,7 +249,9 @@ class Keeper:
                 timeout_s=RESTORE_TIMEOUT_S + size / READ_BYTES_PER_S)
             n_restored = _count(answer, "n_restored")
         except UpstreamCallError as exc:
-            self._apply_now(self.store.on_restore_failed(restore, status=exc.status))
+            gone = exc.status is None and not await self._answers_health()
+            self._apply_now(self.store.on_restore_failed(restore, status=exc.status,
+                                                         server_gone=gone))
             self._record(rec, RESTORE_KIND, "failed", str(exc), exc.status)
             return str(exc)
         except BaseException as exc:  # the client left, or a bug: the slot is free again
@@ -375,6 +379,15 @@ class Keeper:
         self.store.forget(self.shelf.apply(decisions, list(self.store.files.values())))
 
     # ---- I/O helpers ------------------------------------------------------------------------------
+
+    async def _answers_health(self) -> bool:
+        """Whether llama-server is up and serving (after a restore got no answer: a slow restore
+        behind long batches is not a crash)."""
+        try:
+            await self._state.upstream.get_json("/health", timeout_s=HEALTH_TIMEOUT_S)
+        except UpstreamCallError:
+            return False
+        return True
 
     async def _slots(self) -> list[SlotState]:
         return read_slots(await self._state.upstream.get_json("/slots", timeout_s=SLOTS_TIMEOUT_S))

@@ -25,12 +25,15 @@ Rules (tests/test_keep_store.py has one class per rule):
 7. Restore. A request whose prompt a file of this model and variant covers for at least `MOST` of
    its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
    idle slot no save or restore is using: an empty one first, then one whose conversation a file
-   holds, then the one with the oldest task. No such slot: no restore (the request goes as it came).
+   holds, then the one with the oldest task (the least loss). No such slot: no restore now (the
+   prefill policy's rule 14 waits for the next slot to come free).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
-   this server: another KV layout, a damaged file) deletes the file; one with no answer quarantines
-   it (llama-server may have crashed reading it: it is never tried again). A file whose bytes are not
-   the ones saved (its size or digest, checked before every restore and at start) is deleted.
+   this server: another KV layout, a damaged file) deletes the file; one with no answer after which
+   the server does not answer either quarantines it (llama-server may have crashed reading it: it
+   is never tried again); any other failure (a slow restore behind long batches) keeps it. A file
+   whose bytes are not the ones saved (size or digest, checked before every restore and at start)
+   is deleted.
 9. Model. Once llama-server's model is known, files saved from another model are deleted.
 10. Start. The index's files that are not on disk are forgotten, those whose size on disk is not the
    size saved (cut short by a power loss) are deleted; slotwise's files on disk that the index does
@@ -239,10 +242,12 @@ class KeepStore:
         conv.slot, conv.task, conv.slot_tokens, conv.placing = restore.slot, task, n_restored, False
         self.conversations[f.name] = conv
 
-    def on_restore_failed(self, restore: RestoreInto, *, status: int | None) -> list[Decision]:
-        """`status`: llama-server's answer, None when none came (it may have crashed on the file)."""
+    def on_restore_failed(self, restore: RestoreInto, *, status: int | None,
+                          server_gone: bool = False) -> list[Decision]:
+        """`status`: llama-server's answer, None when none came; `server_gone`: none came and the
+        server does not answer since (it may have crashed on the file)."""
         self.on_restore_abandoned(restore)
-        if status is None:
+        if server_gone:
             self.forget([restore.name])
             return [Quarantine(restore.name, "its restore got no answer: llama-server may have "
                                              "crashed reading it, so it is never restored again")]
