@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,9 @@ from proxy.record.refusals import (
     summary_record,
 )
 from proxy.record.schema import Record
+from proxy.report.records import load_timing_log
+from proxy.report.reports import timing_report
+from proxy.report.tables import Thresholds
 from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
 from tests.helpers import read_records, serve_app
@@ -131,3 +135,18 @@ async def test_a_flood_of_refusals_writes_a_few_records_and_one_summary(
     summary = records[-1]
     assert (summary["refused_count"], summary["peer"], summary["status"]) == (45, "127.0.0.1", 401)
     assert sum(requests_in(r) for r in records) == 51
+
+
+def test_the_report_counts_the_requests_a_summary_stands_for(tmp_path: Path) -> None:
+    start = "2025-01-01T00:00:00.000+00:00"
+    whole = Record(id="a", start=start, kind="chat", method="POST", endpoint="/v1/chat/completions",
+                   status=401, outcome="unauthorized")
+    summary = summary_record(Summary(RefusalKey("1.2.3.4", "unauthorized", 401), start, 45, 1, "n"),
+                             "s")
+    path = tmp_path / "timing.jsonl"
+    path.write_bytes(whole.to_json() + summary.to_json())
+    log = load_timing_log(str(path))
+    report = timing_report("log", list(log.records), log, Thresholds())
+    rows = {(t.key, r.label): r.n for t in report.tables for r in t.rows}
+    assert rows[("overview", "requests")] == 46  # the summary has no times: no span of its own
+    assert rows[("requests", "requests")] == rows[("requests", "outcome unauthorized")] == 46

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.record.refusals import SUMMARY_KIND, requests_in
 from proxy.report import record_tables, tables, task_tables
 from proxy.report.keep_table import keep_tables
 from proxy.report.model import Report, Span, Table
@@ -17,14 +18,17 @@ from proxy.report.warm_table import WARM_KIND, warm_table
 
 def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | None, th: Thresholds) -> Report:
     pieces = first_pieces(log.records if log is not None else records)
-    spans = [record_to_span(r, pieces) for r in records]
+    timed = [r for r in records if r.get("kind") != SUMMARY_KIND]  # a summary of refusals: no times
+    spans = [record_to_span(r, pieces) for r in timed]
     index = SpanIndex(spans)
     # The ids of `inflight_at_start` may name requests outside the selected range.
     if log is not None:
-        index.by_key.update({s.key: s for s in (record_to_span(r, pieces) for r in log.records)})
-    turns = [s for s, r in zip(spans, records, strict=True) if is_turn(r)]
+        index.by_key.update({s.key: s for s in (record_to_span(r, pieces) for r in log.records
+                                                if r.get("kind") != SUMMARY_KIND)})
+    turns = [s for s, r in zip(spans, timed, strict=True) if is_turn(r)]
+    untimed = sum(requests_in(r) for r in records) - len(timed)
     report_tables = (
-        tables.overview_table(turns, index),
+        tables.overview_table(turns, index, untimed),
         tables.turns_table(turns, th),
         tables.time_split_table(turns, index),
         record_tables.decode_rate_table(records, th.long_prefill),

@@ -242,12 +242,14 @@ def _source(span: Span, previous: Span | None, th: Thresholds) -> str:
     return "other" if span.client is not None else "other (no client id)"
 
 
-def overview_table(turns: Sequence[Span], index: SpanIndex) -> Table:
+def overview_table(turns: Sequence[Span], index: SpanIndex, untimed: int = 0) -> Table:
+    """`untimed`: requests counted only in a summary of refusals (docs/record.md), without times."""
     spans = index.spans
     hours = (max(s.end for s in spans) - spans[0].start) / 3600 if spans else 0.0
     ttfts = [s.ttft_s for s in turns if s.ttft_s is not None]
+    requests = len(spans) + untimed
     rows = (
-        Row("requests", len(spans), (float(len(spans)),)),
+        Row("requests", requests, (float(requests),)),
         Row("turns", len(turns), (float(len(turns)),)),
         Row("turns per hour", len(turns), (len(turns) / hours if hours else None,)),
         Row("seconds with 2+ requests running", len(spans), (index.busy_seconds(2),)),
