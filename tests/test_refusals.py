@@ -22,6 +22,7 @@ from proxy.record.refusals import (
     summary_record,
 )
 from proxy.record.schema import Record
+from proxy.report.nodes import nodes_table
 from proxy.report.records import load_timing_log
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds
@@ -150,3 +151,5 @@ def test_the_report_counts_the_requests_a_summary_stands_for(tmp_path: Path) -> 
     rows = {(t.key, r.label): r.n for t in report.tables for r in t.rows}
     assert rows[("overview", "requests")] == 46  # the summary has no times: no span of its own
     assert rows[("requests", "requests")] == rows[("requests", "outcome unauthorized")] == 46
+    (node, _) = nodes_table({"n": list(log.records)}).rows  # several logs: the row of each node
+    assert node.n == 46

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from proxy.record.refusals import requests_in
 from proxy.report.model import Row, Span, Table, quantile
 from proxy.report.records import RecordLine, is_turn, num, prompt_split
 
@@ -59,9 +60,12 @@ def _node_row(label: str, records: Sequence[RecordLine]) -> Row:
         prompt_n, cache_n = prompt_split(record)
         computed += prompt_n or 0
         cached += cache_n or 0
-    outcomes = Counter(str(r.get("outcome")) for r in records)
+    outcomes: Counter[str] = Counter()
+    for record in records:  # a summary of refusals stands for its `refused_count` requests
+        outcomes[str(record.get("outcome"))] += requests_in(record)
+    requests = outcomes.total()
     share = 100.0 * cached / (computed + cached) if computed + cached else None
-    return Row(label, len(records), (float(len(turns)), float(len(records) - outcomes["done"]),
+    return Row(label, requests, (float(len(turns)), float(requests - outcomes["done"]),
                                      quantile(ttfts, 0.5), quantile(ttfts, 0.95), float(computed),
                                      share))
 
