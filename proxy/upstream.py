@@ -42,11 +42,13 @@ class UpstreamCallError(Exception):
     """One of slotwise's own calls got no usable answer; the message names the call and what went
     wrong. Each caller turns it into its own error (EstimateError, PieceError, ...)."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, public: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         """None: no answer (cannot connect, connection lost, timeout); else the HTTP status of
         the answer that could not be used (200 when its body is not JSON)."""
+        self.public = message if public is None else public
+        """What a client may be told: the call's path, never the upstream's URL or address."""
 
 
 class UpstreamClient:
@@ -73,22 +75,35 @@ class UpstreamClient:
         HTTP 200 and JSON."""
         return await self._call("POST", path, orjson.dumps(body), timeout_s)
 
+    async def post_raw(self, path: str, body: Any, *, timeout_s: float) -> bytes:
+        """The undecoded answer of `POST path` with `body` as JSON (the caller may look at its
+        size before it decodes it); UpstreamCallError unless HTTP 200."""
+        return await self._answer("POST", path, orjson.dumps(body), timeout_s)
+
     async def _call(self, method: str, path: str, data: bytes | None, timeout_s: float) -> Any:
-        url = self._base_url().rstrip("/") + path
-        where = f"{method} {url}"
-        status, raw = await self._exchange(method, url, data, timeout_s)
-        if status != 200:
-            quoted = raw[:ERROR_BODY_BYTES].decode(errors="replace")
-            raise UpstreamCallError(f"{where} answered HTTP {status}: {quoted}", status=status)
+        raw = await self._answer(method, path, data, timeout_s)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamCallError(f"{where} answered with invalid JSON: {exc}",
-                                    status=status) from exc
+            raise UpstreamCallError(f"{method} {self._url(path)} answered with invalid JSON: {exc}",
+                                    status=200, public=f"{method} {path} answered with invalid JSON"
+                                    ) from exc
 
-    async def _exchange(self, method: str, url: str, data: bytes | None,
+    async def _answer(self, method: str, path: str, data: bytes | None, timeout_s: float) -> bytes:
+        status, raw = await self._exchange(method, path, data, timeout_s)
+        if status != 200:
+            said = f"answered HTTP {status}: {raw[:ERROR_BODY_BYTES].decode(errors='replace')}"
+            raise UpstreamCallError(f"{method} {self._url(path)} {said}", status=status,
+                                    public=f"{method} {path} {said}")
+        return raw
+
+    def _url(self, path: str) -> str:
+        return self._base_url().rstrip("/") + path
+
+    async def _exchange(self, method: str, path: str, data: bytes | None,
                         timeout_s: float) -> tuple[int, bytes]:
         # Identity: the session passes bytes on undecoded (auto_decompress=False).
+        url = self._url(path)
         headers = {**self._headers(), "Accept-Encoding": "identity"}
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -97,7 +112,8 @@ class UpstreamClient:
                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:
-            raise UpstreamCallError(f"{method} {url} failed: no answer within {timeout_s:g} s"
-                                    ) from exc
+            why = f"failed: no answer within {timeout_s:g} s"
+            raise UpstreamCallError(f"{method} {url} {why}", public=f"{method} {path} {why}") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamCallError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise UpstreamCallError(f"{method} {url} failed: {type(exc).__name__}: {exc}",
+                                    public=f"{method} {path} failed: {type(exc).__name__}") from exc

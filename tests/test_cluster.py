@@ -1,6 +1,7 @@
 """What a router needs from a node, in pure code: the load figure (one test class per rule of
-`proxy/cluster/load.py`), the prompt ids cache, render's error mapping, the client's fallbacks,
-the `[cluster]` config and the report over several nodes."""
+`proxy/cluster/load.py`), the estimator's use of the prompt ids cache (its own rules:
+test_ids_cache.py), render's error mapping, the client's fallbacks, the `[cluster]` config and the
+report over several nodes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from proxy.cluster.node import node_name
 from proxy.cluster.render import NotReady, render_error
 from proxy.config import ConfigError, PrefillConfig, parse_config
 from proxy.estimate import EstimateError, NotEstimable
-from proxy.estimate.ids_cache import PromptIdsCache, body_key
 from proxy.prefill.estimator import Estimator
 from proxy.record.flight import Flight, Phase
 from proxy.record.timing import RequestTimer
@@ -24,7 +24,7 @@ from proxy.report.nodes import group_by_node, nodes_table
 from proxy.request.endpoints import Kind
 from proxy.request.headers import router_client
 from proxy.request.rewrite import client_key
-from proxy.upstream import UpstreamCallError, UpstreamClient
+from proxy.upstream import UpstreamCallError
 
 
 def flight(phase: Phase, *, kind: Kind = Kind.CHAT, est_new: int | None = None, fed: int = 0,
@@ -87,48 +87,24 @@ def test_both_routers_formats() -> None:
                                   "num_tokens": 7000}]
 
 
-class TestPromptIdsCache:
-    def test_the_least_recently_used_entry_goes_first(self) -> None:
-        cache = PromptIdsCache(entries=2)
-        cache.put("a", [1], 0.0)
-        cache.put("b", [2], 0.0)
-        assert cache.get("a", 1.0) == [1]
-        cache.put("c", [3], 1.0)
-        assert cache.get("b", 1.0) is None and cache.get("a", 1.0) == [1]
-        assert (cache.counts.hits, cache.counts.misses) == (2, 1)
-
-    def test_an_old_entry_is_not_used(self) -> None:
-        cache = PromptIdsCache(max_age_s=10.0)
-        cache.put("a", [1], 0.0)
-        assert cache.get("a", 10.5) is None
-        assert len(cache) == 0
-
-    def test_what_slotwise_and_routers_change_is_not_in_the_key(self) -> None:
-        body = {"messages": [{"role": "user", "content": "hi"}], "model": "m"}
-        rewritten = {**body, "stream": True, "return_progress": True, "lora": [{"id": 0, "scale": 0}],
-                     "max_tokens": 5, "user": "u1"}
-        assert body_key("chat", "", body) == body_key("chat", "", rewritten)
-
-    def test_what_changes_the_prompt_is(self) -> None:
-        body = {"messages": [{"role": "user", "content": "hi"}]}
-        keys = {body_key("chat", "", body), body_key("completions", "", body),
-                body_key("chat", "model.gguf", body),
-                body_key("chat", "", {**body, "chat_template_kwargs": {"enable_thinking": True}}),
-                body_key("chat", "", {"messages": [{"role": "user", "content": "hi!"}]})}
-        assert len(keys) == 5
-
-
 class CountingTokenizer:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def tokenize_request(self, kind: str, body: Any) -> list[int]:
+    async def tokenize_request(self, kind: str, body: Any, limit: int | None = None) -> list[int]:
         self.calls += 1
         return [1, 2, len(body["messages"])]
 
 
+class NoProps:
+    """An upstream whose /props does not answer (the slot's size stays unknown)."""
+
+    async def get_json(self, path: str, *, timeout_s: float) -> Any:
+        raise UpstreamCallError(f"GET {path} failed")
+
+
 async def test_the_estimator_tokenizes_a_rendered_body_once() -> None:
-    estimator = Estimator(UpstreamClient(None, lambda: "http://127.0.0.1:9"))  # type: ignore[arg-type]
+    estimator = Estimator(NoProps())  # type: ignore[arg-type]
     tokenizer = CountingTokenizer()
     estimator._server_tokenizer = tokenizer  # type: ignore[assignment]
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -147,6 +123,22 @@ def test_render_errors_say_whose_problem_it_is() -> None:
     bad = EstimateError("bad body")
     bad.__cause__ = UpstreamCallError("answered HTTP 400", status=400)
     assert render_error(bad).status == 400
+
+
+def test_render_is_not_ready_only_when_the_server_did_not_answer() -> None:
+    """A body the server fails on (llama-server answers 500 for a template it cannot apply) is the
+    client's problem: a 503 would make a router's breaker take the node out."""
+    def caused_by(status: int | None) -> EstimateError:
+        exc = EstimateError("http://10.0.0.5:8080/apply-template ...")
+        exc.__cause__ = UpstreamCallError("POST http://10.0.0.5:8080/apply-template answered",
+                                          status=status, public="POST /apply-template answered")
+        return exc
+
+    assert [render_error(caused_by(s)).status for s in (None, 503, 500, 400, 200)] == \
+        [503, 503, 400, 400, 400]
+    for status in (None, 500):
+        message = render_error(caused_by(status)).message
+        assert "/apply-template" in message and "10.0.0.5" not in message
 
 
 def test_the_client_falls_back_to_the_routers_keys_last() -> None:

@@ -129,6 +129,16 @@ class TestRule3Bounds:
             q.submit(warm("w9", conv(1000, seed=9), client="ann"), KNOBS, 0.0)
         q.submit(warm("bob", conv(1000, seed=8), client="bob"), KNOBS, 0.0)  # others still may
 
+    def test_a_full_queue_of_other_clients_refuses_before_the_ids_are_known(self) -> None:
+        q = WarmQueue()
+        for i, client in enumerate(("ann", "ann", "cy")):
+            q.submit(warm(f"w{i}", conv(1000, seed=i + 1), client=client), KNOBS, 0.0)
+        with pytest.raises(WarmRefused, match=r"warm\.max_pending = 3"):
+            q.check_room("bob", KNOBS)
+        with pytest.raises(WarmRefused):
+            q.check_room(None, KNOBS)
+        q.check_room("ann", KNOBS)  # may supersede one of hers: her ids decide (rule 2)
+
     def test_one_ending_after_its_piece_does_not_count(self) -> None:
         q = WarmQueue()
         knobs = Knobs(max_pending=1, max_tokens=10_000, expire_s=100.0, max_per_client=1)

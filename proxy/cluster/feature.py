@@ -82,6 +82,9 @@ class ClusterCollector:
         lookups.add_metric(["hit"], self.cache.counts.hits)
         lookups.add_metric(["miss"], self.cache.counts.misses)
         yield lookups
+        yield GaugeMetricFamily("slotwise_prompt_ids_cache_tokens",
+                                "Prompt ids the cache of recent bodies holds (4 bytes each)",
+                                value=self.cache.tokens)
 
 
 def install(app: web.Application) -> None:

@@ -2,11 +2,11 @@
 
 While llama-server answers its own /health within `cluster.health_timeout_s`, its answer is passed on
 as it is (200 `{"status":"ok"}`, or 503 while it loads its model), as it would be forwarded. When it
-does not answer, slotwise says "not ready" itself: 503 with what is wrong, at once, where a forwarded
-request would get slotwise's 502 only after the connect timeout; and so it does while slotwise is
-stopping (SIGTERM: the streams in flight finish, new requests should go elsewhere). The check is
-slotwise's own call, not a forwarded request: it leaves no timing record (a router's checks every
-second would flood the log).
+does not answer, slotwise says "not ready" itself: 503 with what is wrong (never the upstream's
+address: anyone may ask), at once, where a forwarded request would get slotwise's 502 only after
+the connect timeout; and so it does while slotwise is stopping (SIGTERM: the streams in flight
+finish, new requests should go elsewhere). The check is slotwise's own call, not a forwarded
+request: it leaves no timing record (a router's checks every second would flood the log).
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ async def ask_upstream(state: ProxyState) -> Answer:
             body = await response.read()
             return Answer(response.status, body, response.headers.get("Content-Type", ""))
     except TimeoutError:
-        return not_ready(f"llama-server at {state.upstream_url} did not answer within {timeout_s:g} s")
-    except aiohttp.ClientError as exc:
-        return not_ready(f"llama-server at {state.upstream_url} does not answer: "
-                         f"{type(exc).__name__}: {exc}")
+        return not_ready(f"llama-server did not answer within {timeout_s:g} s")
+    except aiohttp.ClientError as exc:  # its text names the upstream's address: not for clients
+        return not_ready(f"llama-server does not answer ({type(exc).__name__})")
 
 
 async def health(request: web.Request) -> web.Response:

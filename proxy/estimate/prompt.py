@@ -30,6 +30,23 @@ class NotEstimable(EstimateError):
     """The request's shape is not one slotwise can tokenize exactly (the message says why)."""
 
 
+class PromptTooLong(NotEstimable):
+    """The prompt has more tokens than one slot of the server holds: the server cannot take it, so
+    slotwise neither renders nor warms it (its ids are not even decoded when the count shows it)."""
+
+    def __init__(self, tokens: int, slot_ctx: int) -> None:
+        super().__init__(f"the prompt is {tokens:,} tokens, more than the {slot_ctx:,} one slot of "
+                         "the server holds (llama-server's n_ctx per slot)")
+        self.tokens = tokens
+        self.slot_ctx = slot_ctx
+
+
+def check_fits(tokens: int, limit: int | None) -> None:
+    """PromptTooLong when `tokens` is over `limit` (one slot's context; None: not known)."""
+    if limit is not None and tokens > limit:
+        raise PromptTooLong(tokens, limit)
+
+
 def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -94,7 +111,8 @@ def check_kind(kind: str) -> None:
 
 
 def ids_of(values: Sequence[Any]) -> list[int]:
-    """Validate a tokenizer's answer: a list of ints."""
-    if not all(_is_id(v) for v in values):
+    """Validate a tokenizer's answer: a list of ints (their types are collected in C: a Python
+    loop over a long prompt's ids held the event loop for a second)."""
+    if not set(map(type, values)) <= {int}:
         raise EstimateError("the tokenizer answered something other than token ids")
-    return [int(v) for v in values]
+    return values if isinstance(values, list) else list(values)

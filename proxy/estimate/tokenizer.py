@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.estimate.anthropic import messages_as_chat
 from proxy.estimate.local_vocab import GgufVocab
 from proxy.estimate.prompt import (
@@ -20,6 +22,7 @@ from proxy.estimate.prompt import (
     RESPONSES_KINDS,
     EstimateError,
     Prompt,
+    check_fits,
     check_kind,
     completion_prompt,
     given_ids,
@@ -31,11 +34,25 @@ from proxy.upstream import UpstreamCallError, UpstreamClient
 
 COUNT_PATHS = {"messages": "/v1/messages/count_tokens", "responses": "/v1/responses/input_tokens"}
 """Where the server counts the prompt tokens of the bodies it converts to chat bodies itself."""
+TOKENS_HEAD, TOKENS_TAIL = b'{"tokens":[', b"]}"
+"""How llama-server's `/tokenize` answer of plain ids starts and ends."""
+
+
+def counted_ids(raw: bytes) -> int:
+    """The ids in a `/tokenize` answer, counted without decoding it (its commas, in C): deciding
+    a prompt is too long costs no Python int per id (millions for an 8 MB body, and a second of
+    the event loop to decode them). 0 for an answer of another shape (it is decoded as it is)."""
+    if not (raw.startswith(TOKENS_HEAD) and raw.endswith(TOKENS_TAIL)):
+        return 0
+    start, end = len(TOKENS_HEAD), len(raw) - len(TOKENS_TAIL)
+    return 0 if end <= start else raw.count(b",", start, end) + 1
 
 
 class PromptTokenizer(Protocol):
-    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
-        """All prompt ids of the request; raises EstimateError (then forward as it came)."""
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any],
+                               limit: int | None = None) -> list[int]:
+        """All prompt ids of the request; raises EstimateError (then forward as it came), and
+        PromptTooLong for a prompt of more than `limit` tokens."""
         ...
 
 
@@ -46,10 +63,12 @@ class UpstreamTokenizer:
         self._upstream = upstream
         self._timeout_s = timeout_s
 
-    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any],
+                               limit: int | None = None) -> list[int]:
         prompt = await self.prompt(kind, body)
         ids = given_ids(prompt)
-        ids = ids if ids is not None else await self.tokenize(prompt)
+        ids = ids if ids is not None else await self.tokenize(prompt, limit)
+        check_fits(len(ids), limit)
         await self.check_count(kind, body, len(ids))
         return ids
 
@@ -85,10 +104,16 @@ class UpstreamTokenizer:
             raise EstimateError("/apply-template answered without a 'prompt' string")
         return prompt
 
-    async def tokenize(self, prompt: Prompt) -> list[int]:
-        """Ids of a text or mixed prompt, with the flags the completion endpoints use."""
-        answer = await self._post(
-            "/tokenize", {"content": prompt, "add_special": True, "parse_special": True})
+    async def tokenize(self, prompt: Prompt, limit: int | None = None) -> list[int]:
+        """Ids of a text or mixed prompt, with the flags the completion endpoints use.
+        PromptTooLong, counted in the answer before it is decoded, when more than `limit`."""
+        payload = {"content": prompt, "add_special": True, "parse_special": True}
+        try:
+            raw = await self._upstream.post_raw("/tokenize", payload, timeout_s=self._timeout_s)
+        except UpstreamCallError as exc:
+            raise EstimateError(str(exc)) from exc
+        check_fits(counted_ids(raw), limit)
+        answer = self._decode("/tokenize", raw)
         tokens = answer.get("tokens")
         if not isinstance(tokens, list):
             raise EstimateError("/tokenize answered without a 'tokens' array")
@@ -99,6 +124,17 @@ class UpstreamTokenizer:
             answer = await self._upstream.post_json(path, payload, timeout_s=self._timeout_s)
         except UpstreamCallError as exc:
             raise EstimateError(str(exc)) from exc
+        return self._check_object(path, answer)
+
+    def _decode(self, path: str, raw: bytes) -> dict[str, Any]:
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EstimateError(f"{path} answered with invalid JSON: {exc}") from exc
+        return self._check_object(path, answer)
+
+    @staticmethod
+    def _check_object(path: str, answer: Any) -> dict[str, Any]:
         if not isinstance(answer, dict):
             raise EstimateError(f"{path} answered with JSON that is not an object")
         return answer
@@ -121,10 +157,12 @@ class LocalTokenizer:
         vocab = await asyncio.to_thread(GgufVocab.load, model_path)
         return cls(vocab, upstream)
 
-    async def tokenize_request(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+    async def tokenize_request(self, kind: str, body: Mapping[str, Any],
+                               limit: int | None = None) -> list[int]:
         prompt = await self._upstream.prompt(kind, body)
         ids = given_ids(prompt)
         if ids is None:
             ids = await asyncio.to_thread(tokenize_mixed, prompt, self._vocab.tokenize)
+        check_fits(len(ids), limit)
         await self._upstream.check_count(kind, body, len(ids))
         return ids

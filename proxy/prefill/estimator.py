@@ -21,6 +21,7 @@ from proxy.estimate import (
     estimate,
 )
 from proxy.estimate.ids_cache import PromptIdsCache, body_key
+from proxy.estimate.prompt import check_fits
 from proxy.prefill.layout import ServerLayout, layout_advice, read_layout
 from proxy.upstream import UpstreamCallError, UpstreamClient
 
@@ -65,21 +66,32 @@ class Estimator:
 
     async def estimate(self, config: PrefillConfig, kind: str,
                        body: Mapping[str, Any]) -> tuple[list[int], Estimate]:
-        """Raises EstimateError when the prompt cannot be known ahead (the caller fails open)."""
-        if not self._props_read:
-            await self.read_props(config.mode)
+        """Raises EstimateError when the prompt cannot be known ahead (the caller fails open);
+        PromptTooLong (`prompt_ids`) for a prompt longer than one slot."""
         ids = await self.prompt_ids(config, kind, body)
         return ids, estimate(ids, self.cache)
 
     async def prompt_ids(self, config: PrefillConfig, kind: str, body: Mapping[str, Any]) -> list[int]:
         """The prompt's ids as the server will see them: from the cache of recent bodies, else
-        from the tokenizer in use (then cached). Raises EstimateError."""
+        from the tokenizer in use (then cached). Raises EstimateError, and PromptTooLong for more
+        ids than one slot holds, which the server refuses (found before the ids are decoded, once
+        `/props` has told the slot's size: an 8 MB body's millions of ids cost 200 MB and a
+        second of the event loop)."""
+        limit = await self.slot_ctx(config)
         key = body_key(kind, config.tokenizer_model, body)
         ids = self.ids_cache.get(key, self._clock())
         if ids is None:
-            ids = await self.tokenizer(config).tokenize_request(kind, body)
-            self.ids_cache.put(key, ids, self._clock())
+            ids = await self.tokenizer(config).tokenize_request(kind, body, limit)
+            self.ids_cache.put(key, ids, self._clock(), limit=limit)
+        check_fits(len(ids), limit)
         return ids
+
+    async def slot_ctx(self, config: PrefillConfig) -> int | None:
+        """One slot's context (`/props`), read first if `/props` has not answered yet; None while
+        it cannot be known."""
+        if not self._props_read:
+            await self.read_props(config.mode)
+        return self.layout.slot_ctx
 
     def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
         """The server processed `ids` and reported `cache_n`: update the cache model."""

@@ -43,7 +43,11 @@ class WarmQueue:
         SAME_SHARE of the older one's) supersedes it.
      3. Bounds: at most `max_pending` pending or running (one that is ending after its piece does
         not count), at most `max_per_client` of them per named client, else WarmRefused; a warm-up
-        computes at most `max_tokens` tokens (a longer prefix is cut, and says so).
+        computes at most `max_tokens` tokens (a longer prefix is cut, and says so). While
+        `max_pending` are pending or running and none of them is its client's, a warm-up is
+        refused before its body is tokenized (`check_room`): it could get in only by superseding
+        another client's warm-up (rule 2), which is not worth the tokenizer's work for every
+        refused call.
      4. One runs at a time, to its end; then the pending one with the fewest tokens to compute
         (then the oldest).
      5. The lowest priority: no piece starts while a real cold request is held or fed, nor while a
@@ -76,6 +80,13 @@ class WarmQueue:
             out += self._stop(old, Outcome.SUPERSEDED, f"superseded by warm-up {warm.id}", now)
         self.warmups[warm.id] = warm
         return out
+
+    def check_room(self, client: str | None, knobs: Knobs) -> None:
+        """Rule 3, the bound that needs no ids: WarmRefused when the queue is full of other
+        clients' warm-ups (the anonymous caller counts as one client)."""
+        staying = [w for w in self.active() if w.ending is None]
+        if len(staying) >= knobs.max_pending and all(w.client != client for w in staying):
+            raise _full(len(staying), knobs)
 
     def on_tick(self, load: Load, sizer: Sizer, knobs: Knobs, now: float) -> list[Decision]:
         out = self._expire(knobs, now)
@@ -198,8 +209,7 @@ class WarmQueue:
         staying = [w for w in self.active()
                    if w.ending is None and all(w is not r for r in replaced)]
         if len(staying) >= knobs.max_pending:
-            raise WarmRefused(f"{len(staying)} warm-ups are pending or running already "
-                              f"(warm.max_pending = {knobs.max_pending}); try again later")
+            raise _full(len(staying), knobs)
         mine = [w for w in staying if warm.client is not None and w.client == warm.client]
         if len(mine) >= knobs.max_per_client:
             raise WarmRefused(f"client {warm.client!r} has {len(mine)} warm-ups pending or running "
@@ -232,3 +242,8 @@ class WarmQueue:
         old.update(warm_id for _, warm_id in ended[KEEP_ENDED:])
         for warm_id in old:
             del self.warmups[warm_id]
+
+
+def _full(staying: int, knobs: Knobs) -> WarmRefused:
+    return WarmRefused(f"{staying} warm-ups are pending or running already "
+                       f"(warm.max_pending = {knobs.max_pending}); try again later")

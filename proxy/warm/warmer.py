@@ -42,10 +42,10 @@ async def stable_prefix(estimator: Estimator, config: PrefillConfig, kind: str,
     found before the ids are decoded)."""
     if is_chat_like(kind):
         so_far, turn = chat_renders(kind, body)
-        ids = await estimator.prompt_ids(config, "chat", so_far, fit_slot=True)
-        ids = ids[:common_prefix(ids, await estimator.prompt_ids(config, "chat", turn, fit_slot=True))]
+        ids, _ = await estimator.estimate(config, "chat", so_far)
+        ids = ids[:common_prefix(ids, await estimator.prompt_ids(config, "chat", turn))]
     else:
-        ids = await estimator.prompt_ids(config, kind, body, fit_slot=True)
+        ids, _ = await estimator.estimate(config, kind, body)
     return ids, min(len(ids), estimator.cache.estimate_cached([*ids, NEXT_TOKEN]))
 
 
