@@ -70,10 +70,11 @@ class Reply:
         return orjson.loads(self.content)
 
 
-def http(method: str, url: str, json: Any = None, timeout: float = 60.0) -> Reply:
+def http(method: str, url: str, json: Any = None, timeout: float = 60.0,
+         headers: dict[str, str] | None = None) -> Reply:
     """A plain synchronous HTTP call that returns error statuses instead of raising."""
     data = orjson.dumps(json) if json is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:

@@ -250,6 +250,43 @@ def test_a_file_the_server_dies_on_is_quarantined_and_never_tried_again(
     assert status(proxy)["files"] == []
 
 
+TWO_CLIENTS = {"clients": [{"name": "alice", "key": "alice-key"}, {"name": "bob", "key": "bob-key"}],
+               "pages": "open"}
+
+
+def as_client(proxy: ProxyThread, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One turn through the proxy with a client's key; its record."""
+    before = len(read_records(proxy))
+    reply = call("POST", proxy.url + "/v1/chat/completions", body,
+                 headers={"Authorization": f"Bearer {key}"})
+    assert reply.status_code == 200, reply.content[:300]
+    wait_for(lambda: any(r["kind"] == "chat" for r in read_records(proxy)[before:]))
+    return [r for r in read_records(proxy)[before:] if r["kind"] == "chat"][-1]
+
+
+def test_with_client_keys_nobody_is_restored_or_told_another_clients_conversation(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), access=TWO_CLIENTS,
+                        warm={"enabled": True})
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(6, 9)
+    as_client(proxy, "alice-key", turn(talk, "first"))
+    saved(proxy)
+    restart(server)
+    bob = as_client(proxy, "bob-key", turn(talk, "first"))  # alice's words, sent by bob
+    assert bob["client"] == "bob" and bob["restored_tokens"] == 0
+    assert [r for r in read_records(proxy) if r["kind"] == "kv_restore"] == []
+    warm = call("POST", proxy.url + "/slotwise/warm/v1/chat/completions", turn(talk, "next"),
+                headers={"Authorization": "Bearer bob-key"})
+    assert warm.status_code == 202
+    assert not {"cached", "est_tokens", "computed_tokens", "reason"} & set(warm.json())
+    restart(server)
+    alice = as_client(proxy, "alice-key", turn(talk, "first"))  # her own file is hers
+    assert alice["restored_tokens"] > 0
+
+
 def test_a_server_without_slot_save_path_is_detected(
         start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
     server = start_llama_server(lora=False, args=["-np", "2", "-c", "8192"])

@@ -92,7 +92,23 @@ class TestRecordAndViews:
         assert status["ended"]["superseded"] == 1 and status["ended"]["done"] == 0
 
 
+    def test_a_clients_view_shows_nothing_of_what_the_server_held_when_caches_are_private(
+            self) -> None:
+        view = warm_view(ended_warm(), Knobs(), 30.0, private=True)
+        assert view["state"] == "ended" and view["outcome"] == "superseded"
+        assert not {"cached", "est_tokens", "done_tokens", "computed_tokens", "pieces",
+                    "reason"} & set(view)
+
+
 class TestConfig:
+    def test_caches_are_each_clients_own_with_client_keys_unless_shared_on_purpose(self) -> None:
+        keys = {"clients": [{"name": "alice", "key": "k1"}, {"name": "bob", "key": "k2"}]}
+        assert parse_config({"access": keys}).access.isolates_caches
+        assert not parse_config({"access": {**keys, "cache_scope": "shared"}}).access.isolates_caches
+        assert not parse_config({}).access.isolates_caches  # one tenant: nothing to isolate
+        with pytest.raises(ConfigError, match=r"access\.cache_scope: "):
+            parse_config({"access": {**keys, "cache_scope": "mine"}})
+
     def test_defaults_suit_a_small_team(self) -> None:
         warm = parse_config({}).warm
         assert warm.enabled and warm.max_pending == 8 and warm.max_per_client == 2

@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.config.fields import check_keys, secret, show, string
 from proxy.config.values import (
+    CACHE_SCOPES,
     PAGES_MODES,
     AccessConfig,
     ClientKey,
@@ -38,7 +39,8 @@ def access_table(data: Mapping[str, Any], upstream_key: str) -> AccessConfig:
         clients=clients, admin_key=admin_key,
         admin_key_file=string(data, "admin_key_file", "access.admin_key_file", ""),
         allow=_allow(data.get("allow", [])), pages=pages, pages_token=pages_token,
-        pages_token_file=string(data, "pages_token_file", "access.pages_token_file", ""))
+        pages_token_file=string(data, "pages_token_file", "access.pages_token_file", ""),
+        cache_scope=string(data, "cache_scope", "access.cache_scope", "client", CACHE_SCOPES))
 
 
 def _client(item: Any, dotted: str) -> ClientKey:

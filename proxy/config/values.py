@@ -134,6 +134,15 @@ class AccessConfig:
     """The token for the pages (`Authorization: Bearer TOKEN`, or the password of Basic auth)."""
     pages_token_file: str = ""
     """A file holding the pages token (instead of `pages_token`)."""
+    cache_scope: str = "client"
+    """With client keys: `client`, each client's kept KV files and warm-up answers are its own (a
+    client learns nothing of another's prompts through them); `shared`: one pool for all clients,
+    on purpose (a team that shares its system prompts and histories)."""
+
+    @property
+    def isolates_caches(self) -> bool:
+        """Whether kept KV and warm-ups are partitioned by client (client keys and scope `client`)."""
+        return bool(self.clients) and self.cache_scope == "client"
 
 
 @dataclass(frozen=True)
@@ -206,5 +215,6 @@ LORA_MODES = ("passthrough", "fixed", "none")
 PREFILL_MODES = ("off", "defer", "chunk")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PAGES_MODES = ("auto", "open", "token", "off")
+CACHE_SCOPES = ("client", "shared")
 LOAD_FORMATS = ("vllm", "sglang")
 NODE_NAME = re.compile(r"^[A-Za-z0-9._:@-]{1,64}$")

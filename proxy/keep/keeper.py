@@ -38,6 +38,7 @@ from proxy.keep.values import (
     SavedFile,
     SaveSlot,
     SlotState,
+    client_digest,
     knobs,
     lora_variant,
     read_slots,
@@ -159,7 +160,7 @@ class Keeper:
         estimate corrected by a fresh look at the slots (a restart of llama-server empties them)."""
         if not self.working or not ids:
             return est, None
-        chain, variant = tuple(block_hashes(ids)), lora_variant(flight.lora_out)
+        chain, variant = tuple(block_hashes(ids)), self._variant(flight)
         self._flights[flight] = (chain, variant, len(ids))
         # Asked as if nothing were cached: after a restart of llama-server the cache model is stale
         # until `/slots` shows it, and that read (a few ms, answered mid-decode) comes next.
@@ -190,7 +191,7 @@ class Keeper:
 
     async def _restore(self, flight: Flight, ids: list[int]) -> Restored:
         chain, variant, _ = self._flights.get(flight) or (tuple(block_hashes(ids)),
-                                                           lora_variant(flight.lora_out), len(ids))
+                                                           self._variant(flight), len(ids))
         try:
             slots = await self._slots()
         except (UpstreamCallError, ValueError) as exc:
@@ -377,6 +378,15 @@ class Keeper:
                      "remain on disk", len(self.store.files))
             self._estimator.cache.clear()
         self.store.forget(self.shelf.apply(decisions, list(self.store.files.values())))
+
+    def _variant(self, flight: Flight) -> str:
+        """What a conversation's KV is kept under besides its prefix: its LoRA settings, and with
+        client keys (`access.cache_scope` client) its client, so that nobody is restored another
+        client's conversation (nor learns, by a restore's speed, that it is on disk)."""
+        variant = lora_variant(flight.lora_out)
+        if self._state.config.access.isolates_caches:
+            variant += "@" + client_digest(flight.client)
+        return variant
 
     # ---- I/O helpers ------------------------------------------------------------------------------
 

@@ -112,6 +112,11 @@ def knobs(config: KeepKvConfig) -> Knobs:
                  max_wait_s=config.max_wait_s)
 
 
+def client_digest(client: str | None) -> str:
+    """A client's name as a short digest (the index names no client)."""
+    return hashlib.blake2b((client or "").encode(), digest_size=6).hexdigest()
+
+
 def lora_variant(lora: Any) -> str:
     """The LoRA settings a request went upstream with, as a short digest ("" for none)."""
     if lora is None:

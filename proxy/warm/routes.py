@@ -107,7 +107,8 @@ async def post_warm(request: web.Request) -> web.Response:
 
 
 def _accepted(flight: Flight, warm: WarmUp, warmer: Warmer) -> web.Response:
-    view = warm_view(warm, warmer.knobs(), warmer.now())
+    private = warmer.isolated()
+    view = warm_view(warm, warmer.knobs(), warmer.now(), private=private)
     body = orjson.dumps({**view, "status_url": PREFIX + warm.id})
     flight.bytes_out = len(body)
     return web.Response(status=202, body=body, content_type="application/json",
@@ -137,7 +138,8 @@ def _answer(request: web.Request, *, cancel: bool) -> web.Response:
             "ago (ids are what POST /slotwise/warm/... answered)"))
     if cancel:
         warmer.cancel(warm_id)
-    body = orjson.dumps(warm_view(warm, warmer.knobs(), warmer.now()))
+    private = warmer.isolated() and caller != ADMIN_CLIENT
+    body = orjson.dumps(warm_view(warm, warmer.knobs(), warmer.now(), private=private))
     return web.Response(body=body, content_type="application/json",
                         headers={"Cache-Control": "no-store"})
 

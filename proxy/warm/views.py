@@ -10,9 +10,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from proxy.warm.values import Knobs, Outcome, WarmUp
 
+PRIVATE_FIELDS = ("cached", "est_tokens", "done_tokens", "computed_tokens", "pieces", "reason")
+"""What a warm-up's answer leaves out for a client when caches are each client's own: how much of
+its prompt the server held already would tell it what another client's prompts are."""
 
-def warm_view(warm: WarmUp, knobs: Knobs, now: float) -> dict[str, Any]:
-    """One warm-up, as `GET /slotwise/warm/<id>` answers and the status page lists it."""
+
+def warm_view(warm: WarmUp, knobs: Knobs, now: float, *, private: bool = False) -> dict[str, Any]:
+    """One warm-up, as `GET /slotwise/warm/<id>` answers and the status page lists it; `private`:
+    for a client, when caches are each client's own (PRIVATE_FIELDS are left out)."""
     view: dict[str, Any] = {
         "id": warm.id, "state": warm.state, "client": warm.client,
         "prompt_tokens": len(warm.ids), "cached": warm.cached, "est_tokens": warm.to_compute,
@@ -23,6 +28,9 @@ def warm_view(warm: WarmUp, knobs: Knobs, now: float) -> dict[str, Any]:
         view["expires_in_s"] = round(max(0.0, warm.submitted + knobs.expire_s - now), 1)
     else:
         view.update(outcome=str(warm.outcome), reason=warm.reason)
+    if private:
+        for name in PRIVATE_FIELDS:
+            view.pop(name, None)
     return view
 
 

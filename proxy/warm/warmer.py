@@ -74,6 +74,10 @@ class Warmer:
     def now(self) -> float:
         return self._clock()
 
+    def isolated(self) -> bool:
+        """Whether a client's answers must not show what the server held already (`access`)."""
+        return self._state.config.access.isolates_caches
+
     def knobs(self) -> Knobs:
         warm, prefill = self._state.config.warm, self._state.config.prefill
         return Knobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
