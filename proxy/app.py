@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
+from proxy.allocator import return_large_buffers
 from proxy.cluster.feature import install as install_cluster
 from proxy.config import Config
 from proxy.connector import UpstreamConnector
@@ -117,6 +118,7 @@ async def start(config: Config) -> tuple[web.AppRunner, str]:
                            shutdown_timeout=CUT_WAIT_S)
     if warning := ensure_open_files(config.listen.max_connections):
         log.warning("%s", warning)
+    return_large_buffers()  # a large body's buffers go back to the system once freed
     try:
         await runner.setup()  # runs every feature's start; one may refuse the config
         site = ListenerSite(runner, app[LISTENER], config.listen.host, config.listen.port)

@@ -6,7 +6,7 @@ combine: both into an `Estimate`. Errors are `EstimateError`: the caller then fa
 
 from proxy.estimate.cache_model import BLOCK_TOKENS, CacheModel, block_hashes
 from proxy.estimate.combine import Estimate, estimate
-from proxy.estimate.prompt import EstimateError, NotEstimable
+from proxy.estimate.prompt import EstimateError, NotEstimable, PromptTooLong
 from proxy.estimate.tokenizer import LocalTokenizer, PromptTokenizer, UpstreamTokenizer
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "LocalTokenizer",
     "NotEstimable",
     "PromptTokenizer",
+    "PromptTooLong",
     "UpstreamTokenizer",
     "block_hashes",
     "estimate",

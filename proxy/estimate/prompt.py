@@ -7,7 +7,7 @@ a string, an id array, a mixed array, `{"prompt_string": ...}`, or a one-element
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 CHAT_KINDS = frozenset({"chat"})
 """Kinds whose prompt is the chat template applied to `messages` (OpenAI chat body)."""
@@ -47,8 +47,10 @@ def check_fits(tokens: int, limit: int | None) -> None:
         raise PromptTooLong(tokens, limit)
 
 
-def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _types(values: Sequence[Any]) -> set[type]:
+    """The types of a JSON array's items, collected in C: a Python loop over the millions of ids
+    of a large prompt held the event loop for a second (`bool` is a type of its own: not an id)."""
+    return set(map(type, values))
 
 
 def completion_prompt(body: Mapping[str, Any]) -> Prompt:
@@ -68,7 +70,7 @@ def _single(prompt: Any) -> Prompt:
             raise NotEstimable("a prompt object without 'prompt_string'")
         return _single_text_or_mixed(prompt["prompt_string"])
     if isinstance(prompt, list):
-        if any(_is_id(p) for p in prompt):
+        if int in _types(prompt):
             return _single_text_or_mixed(prompt)
         if len(prompt) == 1:
             return _single(prompt[0])
@@ -79,15 +81,15 @@ def _single(prompt: Any) -> Prompt:
 def _single_text_or_mixed(prompt: Any) -> Prompt:
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and all(_is_id(p) or isinstance(p, str) for p in prompt):
+    if isinstance(prompt, list) and _types(prompt) <= {int, str}:
         return list(prompt)
     raise NotEstimable("a prompt array may hold only token ids and strings")
 
 
 def given_ids(prompt: Prompt) -> list[int] | None:
     """The ids when the prompt is a pure id array (used as given: no BOS, no tokenizer)."""
-    if isinstance(prompt, list) and all(_is_id(p) for p in prompt):
-        return [int(p) for p in prompt]
+    if isinstance(prompt, list) and _types(prompt) <= {int}:
+        return cast(list[int], list(prompt))
     return None
 
 
@@ -111,8 +113,7 @@ def check_kind(kind: str) -> None:
 
 
 def ids_of(values: Sequence[Any]) -> list[int]:
-    """Validate a tokenizer's answer: a list of ints (their types are collected in C: a Python
-    loop over a long prompt's ids held the event loop for a second)."""
-    if not set(map(type, values)) <= {int}:
+    """Validate a tokenizer's answer: a list of ints."""
+    if not _types(values) <= {int}:
         raise EstimateError("the tokenizer answered something other than token ids")
     return values if isinstance(values, list) else list(values)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.config import PrefillConfig
-from proxy.estimate import Estimate, EstimateError
+from proxy.estimate import Estimate, EstimateError, PromptTooLong
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.events import (
     Admit,
@@ -145,12 +145,13 @@ class PrefillGate:
         feeding it in pieces would only spend everyone's time first)."""
         try:
             ids, est = await self._estimator.estimate(cfg, kind, body)
+        except PromptTooLong as exc:  # the estimator found it before decoding its ids
+            return [], Estimate(0, 0), _too_long(exc.tokens, exc.slot_ctx)
         except EstimateError as exc:
             return [], Estimate(0, 0), f"not estimated, forwarded as it came: {exc}"
         slot_ctx = self._estimator.layout.slot_ctx
         if slot_ctx is not None and len(ids) > slot_ctx:
-            return [], Estimate(0, 0), (f"the prompt's {len(ids):,} tokens are more than a slot "
-                                        f"holds ({slot_ctx:,}): forwarded as it came, no piece fed")
+            return [], Estimate(0, 0), _too_long(len(ids), slot_ctx)
         return ids, est, None
 
     async def _wait(self, request: _Request, flight: Flight, start: float) -> Release:
@@ -343,3 +344,8 @@ def _prompt_ms(flight: Flight) -> float | None:
         return float(server)
     timer = flight.timer
     return timer.ms(timer.prefill_started, timer.prefill_done)
+
+
+def _too_long(tokens: int, slot_ctx: int) -> str:
+    return (f"the prompt's {tokens:,} tokens are more than a slot holds ({slot_ctx:,}): "
+            "forwarded as it came, no piece fed")
