@@ -173,8 +173,15 @@ def test_the_disk_budget_deletes_the_least_recently_used(
     talks = {name: history(seed, 5) for seed, name in enumerate("abcd", start=10)}
     names: dict[str, str] = {}
     for i, name in enumerate("abc", start=1):
-        ask(proxy, turn(talks[name], "hi"))
+        if i == 1:  # a client's own id that looks like slotwise's: records' ids stay unique
+            reply = call("POST", proxy.url + "/v1/chat/completions", turn(talks[name], "hi"),
+                         headers={"X-Request-Id": "kv-save-1"})
+            assert reply.status_code == 200
+        else:
+            ask(proxy, turn(talks[name], "hi"))
         names[name] = saved(proxy, i)[0]["name"]  # the most recently used first
+    ids = [r["id"] for r in read_records(proxy)]
+    assert "kv-save-1" in ids and len(ids) == len(set(ids))
     assert sorted(f["name"] for f in status(proxy)["files"]) == sorted([names["b"], names["c"]])
     assert not (save_dir / names["a"]).exists()
 

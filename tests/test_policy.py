@@ -518,17 +518,18 @@ class TestRule14Restores:
         assert p.on_finished("s1", 1.0) == [Restore("r")]  # the freed slot is the restore's
         assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold"), Admit("x", "not cold")]
 
-    def test_it_waits_no_longer_than_computing_what_the_file_spares(self) -> None:
-        """6,000 tokens at 1,000 tok/s: 6 s alone, a restore of 0.5 s: it waits 5.5 s at most."""
+    def test_it_waits_up_to_the_operators_bound_then_is_computed(self) -> None:
+        """6,000 tokens at 1,000 tok/s: 6 s alone, but beside others far longer: the restore of
+        0.5 s is worth waiting for, up to max_wait_s."""
         p = policy(slots=1, tps=1000.0)
         busy(p)
-        p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=60.0))
+        p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=20.0))
         until = p.next_wakeup()
-        assert until == pytest.approx(5.5)
+        assert until == pytest.approx(20.0)
         [hold, piece] = p.on_tick(until)  # decided as it came: cold, others generate
         assert hold == Hold("r", "others generating") and isinstance(piece, FeedPiece)
-        assert p.on_finished("s", 6.0) == []  # its piece is let finish, then the rest goes
-        now, out = 6.0, [piece]
+        assert p.on_finished("s", 21.0) == []  # its piece is let finish, then the rest goes
+        now, out = 21.0, [piece]
         while not isinstance(out[-1], Admit | Forward):
             assert isinstance(out[-1], FeedPiece)
             now += 0.5
@@ -536,11 +537,13 @@ class TestRule14Restores:
         assert out[-1].reason.startswith("keep_kv: no slot came free to restore into in time, "
                                          "computed instead; ")
 
-    def test_and_no_longer_than_the_operators_bound(self) -> None:
-        p = policy(slots=1, tps=10.0)
+    def test_not_at_all_when_computing_costs_no_more_than_restoring(self) -> None:
+        p = policy(slots=1, tps=100_000.0)
         busy(p)
-        p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=30.0))
-        assert p.next_wakeup() == 30.0
+        decided = p.on_arrival("r", 6000, 6000, 0.0,
+                               Restorable(6000, restore_ms=500.0, max_wait_s=30.0))
+        assert kinds(decided) == ["Hold", "FeedPiece"]  # decided as it came: a cold request
+        assert decided[0] == Hold("r", "others generating") and "Restore" not in kinds(decided)
 
     def test_no_idle_slot_found_waits_for_the_next_request_to_finish(self) -> None:
         p = policy(slots=2)

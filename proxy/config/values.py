@@ -194,8 +194,8 @@ class KeepKvConfig:
     min_tokens: int = 1024
     """A conversation shorter than this is never saved, and a restore must spare this many tokens."""
     max_wait_s: float = 60.0
-    """A returning conversation waits at most this long for a slot to restore its file into (and
-    never longer than computing what the file spares would take); then it is computed."""
+    """A returning conversation waits at most this long for a slot to restore its file into (the
+    next slot to come free is claimed for it); then it is computed."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import Counter
@@ -81,7 +80,6 @@ class Keeper:
         self._flights: dict[Flight, tuple[tuple[int, ...], str, int]] = {}  # until they end
         self._stamps: dict[str, index.Stamp] = {}
         """Each file's stamp when its bytes were last hashed (unchanged: not hashed again)."""
-        self._seq = itertools.count(1)
         self._wake = asyncio.Event()
         self.saves = Counter[str]()
         self.restores = Counter[str]()
@@ -337,7 +335,7 @@ class Keeper:
         return min(max(wait, PLACE_POLL_S), MAX_POLL_S)
 
     async def _save(self, save: SaveSlot) -> None:
-        rec = self._flight(f"kv-save-{next(self._seq)}", save.slot, "save", save.name, None)
+        rec = self._flight("kv-save", save.slot, "save", save.name, None)
         try:
             answer = await self._state.upstream.post_json(
                 f"/slots/{save.slot}?action=save", {"filename": save.temp}, timeout_s=SAVE_TIMEOUT_S)
@@ -403,8 +401,11 @@ class Keeper:
         return read_slots(await self._state.upstream.get_json("/slots", timeout_s=SLOTS_TIMEOUT_S))
 
     def _flight(self, call_id: str, slot: int, action: str, name: str, client: str | None) -> Flight:
+        """A save's or restore's record facts, under an id from the one issuer of ids (unique
+        among every request's: a client's X-Request-Id cannot take it, nor it a client's)."""
         state = self._state
-        return kv_flight(call_id, slot, action, name, now=state.clock(), wall=time.time(),
+        rid = state.ids.issue(call_id, lambda taken: state.registry.get(taken) is not None)
+        return kv_flight(rid, slot, action, name, now=state.clock(), wall=time.time(),
                          config_gen=state.config_gen, client=client)
 
     def _record(self, flight: Flight, kind: str, outcome: str, error: str | None,

@@ -88,8 +88,8 @@ class PrefillPolicy:
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
         `off` every plan is released at once.
     14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
-        it goes: Restore when a slot is free, else it waits for one, for as long as waiting is
-        predicted to cost less than computing what the file spares (`restores.wait_s`). The next
+        it goes: Restore when a slot is free, else it waits for one, up to `max_wait_s`
+        (`restores.wait_s`; not at all when computing would cost no more than restoring). The next
         slot to come free is claimed for it: while a restore waits or runs and no slot is free,
         other requests are held behind it (they would queue in the server anyway) until it is
         sent. Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
@@ -125,8 +125,9 @@ class PrefillPolicy:
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
                    now: float, restorable: Restorable | None = None) -> list[Decision]:
         arrived = Arrived(req_id, est_new_tokens, est_prompt_tokens, now)
-        if restorable is not None and restorable.tokens > 0:
-            wait = wait_s(self._cost.cost, arrived, restorable, self._n_batch)
+        wait = (wait_s(self._cost.cost, arrived, restorable, self._n_batch)
+                if restorable is not None and restorable.tokens > 0 else 0.0)
+        if restorable is not None and wait > 0:
             self._restores.add(arrived, restorable, wait)
             return [Hold(req_id, "waiting for a slot to restore its kept KV into"),
                     *self._advance(now)]

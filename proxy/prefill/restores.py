@@ -3,8 +3,8 @@ them: who waits, until when, whose restore runs, and which wait ran out. Pure da
 arithmetic; the policy decides when a restore starts (rule 14 of `PrefillPolicy`).
 
 A returning conversation whose file is on disk must never be recomputed only because no slot was
-idle at the instant it arrived: it waits for the next slot to come free, as long as waiting is
-predicted to cost less than computing what the file spares (and at most the operator's bound).
+idle at the instant it arrived: it waits for the next slot to come free, up to the operator's bound
+(`keep_kv.max_wait_s`), unless restoring would cost more than computing.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ class WaitingRestore:
 
 
 def wait_s(cost: BatchCost, req: Arrived, restorable: Restorable, n_batch: int) -> float:
-    """How long a request may wait for a slot: while the wait costs less than computing what the
-    file spares (alone, at the server's full rate) minus the restore itself; at most
-    `restorable.max_wait_s`."""
+    """How long a request may wait for a slot: `restorable.max_wait_s`, the operator's bound,
+    unless computing what the file spares would take no longer than restoring it, even alone
+    (then not at all). The time alone is no bound for the wait: beside others a history is fed in
+    pieces and holds, far slower (bench day, -np 4 -kvu: a 4,118-token history that waited its
+    6 s alone for a slot was then computed in 155 s; its file restores in under a second)."""
     cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
     compute_ms = cost.prompt_ms(restorable.tokens, cached, n_batch)
-    return max(0.0, min(restorable.max_wait_s, (compute_ms - restorable.restore_ms) / 1000.0))
+    return restorable.max_wait_s if compute_ms > restorable.restore_ms else 0.0
 
 
 class RestoreLine:
