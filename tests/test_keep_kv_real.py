@@ -285,13 +285,13 @@ def test_with_client_keys_nobody_is_restored_or_told_another_clients_conversatio
     bob = as_client(proxy, "bob-key", turn(talk, "first"))  # alice's words, sent by bob
     assert bob["client"] == "bob" and bob["restored_tokens"] == 0
     assert [r for r in read_records(proxy) if r["kind"] == "kv_restore"] == []
+    restart(server)
+    alice = as_client(proxy, "alice-key", turn(talk, "first"))  # her own file is hers
+    assert alice["restored_tokens"] > 0
     warm = call("POST", proxy.url + "/slotwise/warm/v1/chat/completions", turn(talk, "next"),
                 headers={"Authorization": "Bearer bob-key"})
     assert warm.status_code == 202
     assert not {"cached", "est_tokens", "computed_tokens", "reason"} & set(warm.json())
-    restart(server)
-    alice = as_client(proxy, "alice-key", turn(talk, "first"))  # her own file is hers
-    assert alice["restored_tokens"] > 0
 
 
 def test_a_server_without_slot_save_path_is_detected(
