@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import StartLlamaServer, StartProxy
+from tests.helpers import http as call
 from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
@@ -53,11 +54,12 @@ async def test_mcp_proxy_no_content_is_a_204_through_slotwise_as_direct(
     server = start_llama_server(args=["--ui-mcp-proxy"])
     proxy = await asyncio.to_thread(start_proxy, server.url, access={"allow": ["POST /cors-proxy"]})
     with no_content_target() as target:
-        async with aiohttp.ClientSession() as session:
-            for base in (server.url, proxy.url, proxy.url):  # slotwise twice: a pooled connection
-                async with session.post(f"{base}/cors-proxy?url={target}", json={}) as response:
-                    assert (base, response.status) == (base, 204)
-                    assert await response.read() == b""
+        # Python's http.client, as llama.cpp's own test (requests): it reads a 204 as its head
+        # alone; aiohttp's client, direct, fails on the stray terminator when it comes in the same
+        # read (the very defect slotwise's connector handles for its own upstream calls).
+        for base in (server.url, proxy.url, proxy.url):  # slotwise twice: a pooled connection
+            reply = await asyncio.to_thread(call, "POST", f"{base}/cors-proxy?url={target}", {})
+            assert (base, reply.status_code, reply.content) == (base, 204, b"")
     await asyncio.to_thread(proxy.stop)
     assert [(r["status"], r["outcome"]) for r in read_records(proxy)] == [(204, "done")] * 2
 
