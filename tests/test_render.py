@@ -119,9 +119,12 @@ async def test_a_render_body_at_1_byte_a_second_is_answered_and_closed_at_the_bo
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 408 ") and 0.8 < time.monotonic() - t0 < 2.5
         assert b"X-Slotwise-Error: invalid_request_error" in head
-        rest = await asyncio.wait_for(reader.read(), 3)  # then closed, not kept lingering
-        assert b"did not arrive within 1 s (listen.body_timeout_s)" in rest
-        assert time.monotonic() - t0 < 3.5
+        try:
+            rest: bytes | None = await asyncio.wait_for(reader.read(), 3)  # then closed
+        except ConnectionResetError:  # closed with a dripped byte unread: a reset is closed too
+            rest = None
+        assert rest is None or b"did not arrive within 1 s (listen.body_timeout_s)" in rest
+        assert time.monotonic() - t0 < 3.5  # not kept lingering
     finally:
         dripping.cancel()
         writer.close()
