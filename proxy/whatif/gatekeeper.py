@@ -19,37 +19,13 @@ from proxy.record.flight import Phase
 class Send:
     """Send the request upstream now; `pieces_fed`: after pieces (the gate's Forward)."""
 
-    key: str
+    req_id: str
     reason: str
     pieces_fed: bool = False
 
 
-@dataclass(frozen=True)
-class Wait:
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Feed:
-    """A piece: the prompt's first `upto` tokens, one token sampled."""
-
-    key: str
-    upto: int
-
-
-@dataclass(frozen=True)
-class Refuse:
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class StopPiece:
-    key: str
-
-
-Action = Send | Wait | Feed | Refuse | StopPiece
+Action = Send | Hold | FeedPiece | Reject | CancelPiece
+"""What the replay applies: the policy's own decisions, Admit and Forward made one `Send`."""
 
 
 class PolicySeam:
@@ -60,10 +36,8 @@ class PolicySeam:
     def __init__(self, config: PrefillConfig, n_batch: int, slots: int) -> None:
         self.mode = config.mode
         self._policy = PrefillPolicy(config, n_batch=n_batch) if config.mode != "off" else None
-        # The gate tells a policy that counts slots how many the server has (from /props).
-        set_slots = getattr(self._policy, "set_slots", None)
-        if callable(set_slots):
-            set_slots(slots)
+        if self._policy is not None:  # as the gate does, from /props
+            self._policy.set_slots(slots)
         self.unknown: dict[str, int] = {}
         """Decisions of a kind this seam does not know, by name (left unapplied)."""
 
@@ -113,14 +87,8 @@ class PolicySeam:
                 out.append(Send(decision.req_id, decision.reason))
             elif isinstance(decision, Forward):
                 out.append(Send(decision.req_id, decision.reason, pieces_fed=True))
-            elif isinstance(decision, Hold):
-                out.append(Wait(decision.req_id, decision.reason))
-            elif isinstance(decision, FeedPiece):
-                out.append(Feed(decision.req_id, decision.upto_tokens))
-            elif isinstance(decision, Reject):
-                out.append(Refuse(decision.req_id, decision.reason))
-            elif isinstance(decision, CancelPiece):
-                out.append(StopPiece(decision.req_id))
+            elif isinstance(decision, Hold | FeedPiece | Reject | CancelPiece):
+                out.append(decision)
             else:
                 name = type(decision).__name__
                 self.unknown[name] = self.unknown.get(name, 0) + 1

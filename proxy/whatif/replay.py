@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
 from proxy.whatif.costs import Costs
 from proxy.whatif.flights import Witness
-from proxy.whatif.gatekeeper import Action, Feed, PolicySeam, Refuse, Send, StopPiece, Wait
+from proxy.whatif.gatekeeper import Action, PolicySeam, Send
 from proxy.whatif.loras import LoraPlan, adapters_in, batch_key, explicit
 from proxy.whatif.requests import Job, Workload
 from proxy.whatif.server import Failed, Finished, FirstToken, Happening, ServerModel, Started
@@ -114,22 +115,22 @@ class Replay:
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
-            live = self._live.get(action.key)
+            live = self._live.get(action.req_id)
             if live is None or live.ended:
                 continue
             if isinstance(action, Send):
                 self._release(live, action, now)
-            elif isinstance(action, Wait):
+            elif isinstance(action, Hold):
                 if live.held_at is None:
                     live.held_at = now
                     live.flight.prefill.plan = PrefillPlan.HELD
                     self.witness.hold(live.flight, now)
-            elif isinstance(action, Feed):
-                self._feed(live, action.upto, now)
-            elif isinstance(action, Refuse):
+            elif isinstance(action, FeedPiece):
+                self._feed(live, action.upto_tokens, now)
+            elif isinstance(action, Reject):
                 self._finish(live)
                 self.witness.rejected(live.flight, action.reason, now)
-            elif isinstance(action, StopPiece) and live.piece is not None:
+            elif isinstance(action, CancelPiece) and live.piece is not None:
                 self.server.cancel(live.piece, now)
                 live.piece = None
 
