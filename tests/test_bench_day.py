@@ -315,8 +315,9 @@ def test_a_failed_request_is_counted_and_has_no_gap() -> None:
 # -- the tables ----------------------------------------------------------------------------------
 
 def test_one_run_shows_the_value_several_the_median_and_range() -> None:
-    assert cell([0.214], "s") == "0.21 s"
-    assert cell([0.3, 0.18, 0.25], "s") == "0.25 s\n(0.18-0.30)"
+    assert cell([0.214], "s") == "214 ms"
+    assert cell([0.3, 0.18, 0.25], "s") == "250 ms\n(180-300)"
+    assert cell([0.8, 1.25, 1.0], "s") == "1.0 s\n(0.8-1.2)"  # the range in the median's unit
     assert cell([None, 45.3], "ev/s") == "45.3 ev/s\n(45.3-45.3)"
     assert cell([None], "s") == "–"
     assert cell([12], "") == "12"

@@ -590,3 +590,24 @@ def test_a_short_turn_during_a_warm_ups_pieces_overlaps_a_long_prefill() -> None
     assert spans[0].new_n == 4000
     rows = table(tables.ttft_table(spans, index, Thresholds(big_new=1000)))
     assert rows["overlapping a prefill of >= 1,000 tokens"][0] == 1
+
+
+def test_time_cells_read_in_ms_under_a_second_and_in_s_from_one() -> None:
+    from proxy.report.cells import fmt
+
+    assert [fmt(v, "s") for v in (0.0, 0.0042, 0.34, 0.9996, 1.0, 12.34, 250.0)] == [
+        "0.0 ms", "4.2 ms", "340 ms", "1.0 s", "1.0 s", "12.3 s", "250 s"]
+    assert [fmt(v, "ms") for v in (25.3, 340.0, 2400.0)] == ["25 ms", "340 ms", "2.4 s"]
+
+
+def test_cli_report_shows_sub_second_turns_in_ms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = [rec(f"r{i}", i * 60.0, 0.6, wait=0.0, prefill=0.34) for i in range(5)]
+    assert main(["report", str(write_log(tmp_path / "short.jsonl", records))]) == 0
+    out = capsys.readouterr().out
+    ttft = next(x for x in out.splitlines() if x.strip().startswith("nothing else running"))
+    assert ttft.count("340 ms") == 3  # median, p90, max
+    turns = next(x for x in out.splitlines() if x.strip().startswith("all turns"))
+    assert "600 ms" in turns
+    assert " 0.0 s" not in out and "0.3 s" not in out

@@ -1,7 +1,7 @@
 """The tables `slotwise bench day` prints (pure aggregation; rich tables, printed by day_cli.py):
 the field report's own tables, built by `slotwise report`'s code (proxy/report) from each path's
 timing records, side by side with one column per path; and the day's own figures. Over several
-runs, each cell is the median with the range under it, e.g. `0.21 s` over `(0.18-0.25)`.
+runs, each cell is the median with the range under it, e.g. `210 ms` over `(180-250)`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from proxy.bench.output import figures_table
-from proxy.report.cells import fmt
+from proxy.report.cells import TIME_UNITS, fmt, time_number, time_unit
 from proxy.report.records import RecordLine, TimingLog
 from proxy.report.render import table_dict
 from proxy.report.reports import timing_report
@@ -22,7 +22,6 @@ from proxy.report.tables import Thresholds
 REPORT_KEYS = ("ttft_short", "decode_rate", "waits")
 """The report's tables the day compares: short turns' time to first token by what else ran, the
 streams' rate during long prefills, waits of 1 s or more before the prefill and what ran meanwhile."""
-UNITS = ("s", "ms", "tok/s", "ev/s")
 
 Runs = Sequence[Mapping[str, Mapping[str, Any]]]
 """One mapping per run: path label → that path's figures (a table as `table_dict`, or the day's)."""
@@ -37,30 +36,32 @@ def report_tables(records: Sequence[RecordLine], log: TimingLog, th: Thresholds
     return {t.key: table_dict(t) for t in report.tables if t.key in REPORT_KEYS}
 
 
-def number(value: float, unit: str) -> str:
-    """A figure without its unit, in the report's formats (proxy/report/cells.py), but seconds to
-    0.01 s: the day's short turns differ by tenths."""
-    if unit == "s":
-        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
-    return fmt(value, unit).removesuffix(f" {unit}").removesuffix("%")
-
-
-def with_unit(text: str, unit: str) -> str:
-    return text + ("%" if unit == "%" else f" {unit}" if unit in UNITS else "")
-
-
 def cell(values: Sequence[float | None], unit: str) -> str:
     """One run's value, or over several the median with the range on a line of its own (three
-    paths side by side then fit 80 columns): `0.21 s` over `(0.18-0.25)`."""
+    paths side by side then fit 80 columns): `210 ms` over `(180-250)`. Numbers read as in the
+    report (proxy/report/cells.py); a time's range is in its median's unit."""
     known = [v for v in values if v is not None]
     if not known:
         return "–"
     # A count's median is one of the counts seen (median_low), never half a request.
-    middle = with_unit(number((statistics.median_low if unit == "" else statistics.median)(known),
-                              unit), unit)
+    middle = (statistics.median_low if unit == "" else statistics.median)(known)
     if len(values) == 1:
-        return middle
-    return f"{middle}\n({number(min(known), unit)}-{number(max(known), unit)})"
+        return fmt(middle, unit)
+    if unit in TIME_UNITS:
+        shown = time_unit(_seconds(middle, unit))
+        low, high = (time_number(_seconds(v, unit), shown) for v in (min(known), max(known)))
+        return f"{time_number(_seconds(middle, unit), shown)} {shown}\n({low}-{high})"
+    low, high = (_bare(v, unit) for v in (min(known), max(known)))
+    return f"{fmt(middle, unit)}\n({low}-{high})"
+
+
+def _seconds(value: float, unit: str) -> float:
+    return value if unit == "s" else value / 1000
+
+
+def _bare(value: float, unit: str) -> str:
+    """A figure without its unit, for a range."""
+    return fmt(value, unit).removesuffix(f" {unit}").removesuffix("%")
 
 
 def _grid(title: str, paths: Sequence[str]) -> Table:

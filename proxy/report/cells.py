@@ -1,4 +1,8 @@
-"""Formatting of numbers and the pairing of two reports' tables, shared by every renderer."""
+"""Formatting of numbers and the pairing of two reports' tables, shared by every renderer.
+
+The one owner of how a time reads: under a second in ms (`340 ms`), from a second on in s
+(`2.4 s`), whether the figure was kept in seconds or in milliseconds.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +21,27 @@ def fmt(value: float | None, unit: str) -> str:
     if unit in ("tok/s", "ev/s"):
         digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
         return f"{value:,.{digits}f} {unit}"
-    if unit in ("s", "ms"):
-        digits = 1 if abs(value) < 100 else 0
-        return f"{value:,.{digits}f} {unit}"
+    if unit in TIME_UNITS:
+        seconds = value if unit == "s" else value / 1000
+        shown = time_unit(seconds)
+        return f"{time_number(seconds, shown)} {shown}"
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+TIME_UNITS = ("s", "ms")
+
+
+def time_unit(seconds: float) -> str:
+    """The unit a time is shown in: ms under a second, else s."""
+    return "ms" if round(abs(seconds) * 1000) < 1000 else "s"  # 0.9996 s reads 1.0 s, not 1,000 ms
+
+
+def time_number(seconds: float, shown: str) -> str:
+    """A time as a number in the unit `shown` (see `time_unit`), without the unit: 0.1 ms under
+    10 ms, 0.1 s under 100 s, whole numbers otherwise."""
+    value = seconds * 1000 if shown == "ms" else seconds
+    digits = 1 if abs(value) < (10 if shown == "ms" else 100) else 0
+    return f"{value:,.{digits}f}"
 
 
 def row_cells(table: Table, row: Row) -> list[str]:
