@@ -8,12 +8,21 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from proxy.bench.cli import overhead_table
+from proxy.bench.cluster import ClusterFigures, cluster_table
 from proxy.bench.contention import Baseline
 from proxy.bench.contention_cli import estimate_table, ranges_table, render
 from proxy.bench.harness import StreamResult
+from proxy.bench.keep import budget_table, returning_table
+from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn
 from proxy.bench.output import figures_table, print_table
+from proxy.bench.overhead import OverheadFigures
 from proxy.bench.pieces import PieceCost, PieceFigures
 from proxy.bench.pieces_cli import pieces_table
+from proxy.bench.soak import SoakFigures
+from proxy.bench.soak_cli import soak_table
+from proxy.bench.warm import WarmFigures, WarmScenario, Window
+from proxy.bench.warm_cli import warm_table
 from proxy.cli.demo import records_table, summary_table
 
 
@@ -108,3 +117,31 @@ def test_an_indented_label_keeps_its_first_word_whole() -> None:
     table.add_row("  restored from a file (tokens)", "1,234,567,890,123,456,789,012,345,678,901")
     text = printed(table, width=50)
     assert "  restored" in text and "restor\n" not in text
+
+
+def bench_tables() -> dict[str, Table]:
+    """Every other benchmark's table, with figures as wide as a real run's."""
+    day_two = [Turn(1.04, 5_012, 98, 4_914)] * 20
+    return {
+        "overhead": overhead_table(OverheadFigures(12.34, 13.56, 1.22, 12_345.0, 12_001.0,
+                                                   1_234_567, 12.34, 100_045.0)),
+        "cluster": cluster_table(ClusterFigures(123.45, 130.12, 6.67, 3.21, 40, 2_000)),
+        "keep returning": returning_table(KeepFigures(Turn(1.23, 23_456, 123, 23_333, 0.34),
+                                                      Turn(35.6, 23_456, 23_456, 0, 1.2), 36.1),
+                                          KeepScenario(), "small"),
+        "keep budget": budget_table(KeepFigures(budgets={"all": day_two, "10": day_two}),
+                                    KeepScenario()),
+        "warm": warm_table(WarmFigures(12_345, 35.6, 1.2, 1.5, 20.1, 0.97, 12_000, 45.6,
+                                       Window(12.3, 40.1, 0.45), Window(12.3, 30.1, 0.9), 0.2, 0.5,
+                                       [{"outcome": "done", "pieces": 12}]), WarmScenario()),
+        "soak": soak_table(SoakFigures(600.0, 123_456, 123_456, {"chat": 100_000, "completion": 23_456},
+                                       {"done": 120_000, "client_gone": 3_456}, 1_234, 1_234, 0, [],
+                                       [(0.0, 80.5), (300.0, 95.1), (600.0, 95.3)])),
+    }
+
+
+@pytest.mark.parametrize("name", list(bench_tables()))
+def test_every_benchmarks_table_fits_80_columns(name: str) -> None:
+    text = printed(bench_tables()[name])
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -262,9 +262,9 @@ def _emit(reports: Sequence[Report], names: Sequence[str], fmt: str) -> None:
     elif fmt == "html":
         text = render_html.to_html(reports, names)
     else:
-        tty = sys.stdout.isatty()
-        width = shutil.get_terminal_size((140, 40)).columns if tty else 140
-        text = render.to_text(reports, names, width=width, color=tty)
+        # The terminal's width, or COLUMNS; piped without COLUMNS, wide enough for no label to wrap.
+        width = shutil.get_terminal_size((140, 40)).columns
+        text = render.to_text(reports, names, width=width, color=sys.stdout.isatty())
     sys.stdout.write(text)
 
 

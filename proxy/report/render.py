@@ -1,4 +1,7 @@
-"""Renders reports for the terminal (rich), as Markdown, or as JSON; one or two side by side."""
+"""Renders reports for the terminal (rich), as Markdown, or as JSON; one or two side by side.
+
+In the terminal a table fits the console's width by wrapping its labels, never by cutting a
+figure (proxy/report/fit.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,12 @@ from typing import Any
 import orjson
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from proxy.report.cells import compact, compact_legend, header, paired_rows, paired_tables, row_cells
+from proxy.report.fit import fit_columns, print_table
 from proxy.report.model import Report, Table
 
 
@@ -19,19 +25,32 @@ def to_text(reports: Sequence[Report], names: Sequence[str], width: int = 120, c
     out = io.StringIO()
     console = Console(file=out, width=width, force_terminal=color, no_color=not color)
     console.print(f"[bold]{' vs '.join(r.title for r in reports)}[/bold]")
-    for grid in grids(reports, names):
-        console.print(f"\n[bold]{grid[0]}[/bold]", highlight=False)
-        rich = RichTable(box=box.SIMPLE_HEAD)
-        for i, name in enumerate(grid[1]):
-            rich.add_column(name, justify="left" if i == 0 else "right")
-        for cells in grid[2]:
-            rich.add_row(*cells)
-        console.print(rich)
-        if grid[3]:
-            console.print(f"  [dim]{grid[3]}[/dim]")
+    for title, head, rows, note in grids(reports, names):
+        console.print(f"\n[bold]{title}[/bold]", highlight=False)
+        table = _rich_table(head, rows)
+        if len(reports) > 1 and fit_columns(table, console) > console.width:
+            table = _rich_table(head, [[label, *map(_stacked, cells)] for label, *cells in rows])
+        print_table(table, console)
+        if note:
+            console.print(Padding(Text(note, style="dim"), (0, 0, 0, 2)))
     for remark in remarks(reports, names):
         console.print(remark, markup=False)
     return out.getvalue()
+
+
+def _rich_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> RichTable:
+    table = RichTable(box=box.SIMPLE_HEAD)
+    for i, name in enumerate(head):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def _stacked(cell: str) -> str:
+    """A comparison's cell (`v1 / v2 / v3 (n)`) with a line per value, for a table too wide with
+    the values side by side: each figure stays whole."""
+    return cell.replace(" / ", " /\n")
 
 
 def to_markdown(reports: Sequence[Report], names: Sequence[str]) -> str:
