@@ -1,11 +1,12 @@
 """Shared fixtures: the proxy (`start_proxy`, and `proxy` in front of a module's `upstream_url`),
-and for tests that run the real llama-server the binary, the testbed models and a factory that
-starts servers on 127.0.0.1. Whatever a fixture starts is stopped when the test ends."""
+the fake upstream on loopback (`fake_url`), and for tests that run the real llama-server the
+binary, the testbed models and a factory that starts servers on 127.0.0.1. Whatever a fixture
+starts is stopped when the test ends."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +17,8 @@ from proxy.runner import ProxyThread
 from proxy.testbed.binary import BinaryError, find_llama_server
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer
-from tests.helpers import proxy_config
+from tests.fake_upstream import make_app
+from tests.helpers import proxy_config, serve_app
 
 pytest_plugins = ["tests.served"]  # the `serving` fixture of the operations tests
 
@@ -130,6 +132,13 @@ def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
     finally:
         for proxy in started:
             proxy.stop()
+
+
+@pytest.fixture
+async def fake_url() -> AsyncIterator[str]:
+    """The fake upstream (tests/fake_upstream.py) on 127.0.0.1: its URL."""
+    async with serve_app(make_app()) as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,16 +16,9 @@ import pytest
 from proxy.record.refusals import WHOLE_PER_MINUTE, requests_in
 from proxy.request.clientstrings import MAX_CHARS, REPLACEMENT
 from proxy.runner import ProxyThread
-from tests.fake_upstream import make_app
-from tests.helpers import http, read_records, serve_app
+from tests.helpers import http, read_records
 
 CHAT = b'{"model": "fast", "stream": true, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}'
-
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
 
 
 @pytest.fixture

@@ -14,14 +14,7 @@ import pytest
 
 from proxy.connector import bodiless_head_end
 from tests.conftest import StartProxy
-from tests.fake_upstream import make_app
-from tests.helpers import read_records, serve_app
-
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
+from tests.helpers import read_records
 
 
 def chat_body(model: str = "fast", tokens: int = 20, stream: bool = True) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import re
 import resource
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,8 @@ from proxy.record.flight import Flight
 from proxy.record.schema import MAX_OVERLAPS
 from proxy.runner import ProxyThread
 from tests.conftest import StartProxy
-from tests.fake_upstream import make_app
 from tests.helpers import read_records, serve_app
 from tests.served import Served, serve, write_config
-
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
 
 
 def chat_body(model: str = "fast", tokens: int = 5) -> dict[str, Any]:

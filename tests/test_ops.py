@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,8 @@ from proxy.ops.lifecycle import Operations, reload_config
 from proxy.record.flight import PrefillPlan
 from proxy.runner import ProxyThread
 from tests.conftest import StartProxy
-from tests.fake_upstream import make_app
-from tests.helpers import http, read_records, serve_app
+from tests.helpers import http, read_records
 from tests.served import GRACE_S, SLOTWISE, Served, serve, write_config
-
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
 
 
 async def stream_chat(url: str, tokens: int, started: asyncio.Event | None = None,

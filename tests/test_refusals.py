@@ -5,7 +5,6 @@ records whole, one summary, and every request still counted (`requests_in`, /met
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,7 @@ from proxy.report.records import load_timing_log
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds
 from tests.conftest import StartProxy
-from tests.fake_upstream import make_app
-from tests.helpers import read_records, serve_app
+from tests.helpers import read_records
 
 
 def refused(outcome: str = "unauthorized", status: int = 401, start: str = "t0") -> Record:
@@ -102,12 +100,6 @@ class TestRule4KeysAreBounded:
         assert len(sampler) == 4
         summaries = {s.key.peer: s.count for s in sampler.flush()}
         assert summaries == {"a": 1, "b": 1, "c": 1, OTHER_PEERS: 5}
-
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
 
 
 async def test_a_flood_of_refusals_writes_a_few_records_and_one_summary(

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ from proxy.record.schema import Record
 from proxy.record.timing_log import TimingLog
 from proxy.runner import ProxyThread
 from tests.conftest import StartProxy
-from tests.fake_upstream import make_app
-from tests.helpers import http, read_records, serve_app
+from tests.helpers import http, read_records
 from tests.served import GRACE_S, SLOTWISE, Served, serve, write_config
 
 
@@ -108,12 +106,6 @@ def test_a_real_file_that_cannot_grow_loses_the_records_it_refused(tmp_path: Pat
 
 
 # --- the proxy --------------------------------------------------------------------------------------
-
-@pytest.fixture
-async def fake_url() -> AsyncIterator[str]:
-    async with serve_app(make_app()) as url:
-        yield url
-
 
 def chat(url: str) -> int:
     body = {"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
