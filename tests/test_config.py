@@ -39,6 +39,22 @@ def test_bad_values_are_refused_with_the_dotted_key(data: dict[str, object], mes
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(("table", "key", "valid"), [
+    ("lora", "mode", "passthrough, fixed, none"),
+    ("prefill", "mode", "off, defer, chunk"),
+    ("log", "level", "debug, info, warning, error"),
+    ("access", "pages", "auto, open, token, off"),
+    ("access", "cache_scope", "client, shared"),
+    ("cluster", "load_format", "vllm, sglang"),
+])
+def test_every_word_key_names_its_valid_words(table: str, key: str, valid: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({table: {key: "bogus"}})
+    assert str(info.value) == f"{table}.{key}: unknown {key} 'bogus' (valid: {valid})"
+    with pytest.raises(ConfigError, match=f"{table}.{key}: expected a string, got 3"):
+        parse_config({table: {key: 3}})
+
+
 def test_the_shipped_example_is_valid() -> None:
     config = load_config(EXAMPLE)
     assert config.upstream.url.startswith("http://127.0.0.1")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.config.fields import check_keys, secret, show, string
+from proxy.config.fields import check_keys, choice, secret, show, string
 from proxy.config.values import (
     CACHE_SCOPES,
     PAGES_MODES,
@@ -31,7 +31,7 @@ def access_table(data: Mapping[str, Any], upstream_key: str) -> AccessConfig:
     admin_key = secret(data, "admin_key", "access.")
     pages_token = secret(data, "pages_token", "access.")
     _distinct_keys(clients, admin_key, pages_token, upstream_key)
-    pages = string(data, "pages", "access.pages", "auto", PAGES_MODES)
+    pages = choice(data, "pages", "access.pages", "auto", PAGES_MODES)
     if pages == "token" and not (pages_token or admin_key):
         raise ConfigError("access.pages: 'token' needs access.pages_token or access.admin_key "
                           "(valid: set one of them, or pages = 'auto', 'open' or 'off')")
@@ -40,7 +40,7 @@ def access_table(data: Mapping[str, Any], upstream_key: str) -> AccessConfig:
         admin_key_file=string(data, "admin_key_file", "access.admin_key_file", ""),
         allow=_allow(data.get("allow", [])), pages=pages, pages_token=pages_token,
         pages_token_file=string(data, "pages_token_file", "access.pages_token_file", ""),
-        cache_scope=string(data, "cache_scope", "access.cache_scope", "client", CACHE_SCOPES))
+        cache_scope=choice(data, "cache_scope", "access.cache_scope", "client", CACHE_SCOPES))
 
 
 def _client(item: Any, dotted: str) -> ClientKey:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.config.fields import check_keys, number, show, string
+from proxy.config.fields import check_keys, choice, number, show, string
 from proxy.config.values import (
     LOAD_FORMATS,
     NODE_NAME,
@@ -26,7 +26,7 @@ def cluster_table(data: Mapping[str, Any]) -> ClusterConfig:
                           "letters, digits and . _ : @ -, e.g. 'gpu-box-1')")
     return ClusterConfig(
         node=node,
-        load_format=string(data, "load_format", "cluster.load_format", d.load_format, LOAD_FORMATS),
+        load_format=choice(data, "load_format", "cluster.load_format", d.load_format, LOAD_FORMATS),
         health_timeout_s=number(data, "health_timeout_s", "cluster.health_timeout_s",
                                  d.health_timeout_s, low=0.05, high=60),
     )

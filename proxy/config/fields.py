@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.config.values import ConfigError
+
+Word = TypeVar("Word", bound=str)
 
 
 def table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -44,17 +46,24 @@ def number(data: Mapping[str, Any], key: str, dotted: str, default: float, *,
     return int(value) if integer else float(value)
 
 
-def string(data: Mapping[str, Any], key: str, dotted: str, default: str,
-            choices: tuple[str, ...] = ()) -> str:
+def string(data: Mapping[str, Any], key: str, dotted: str, default: str) -> str:
     value = data.get(key, default)
     if not isinstance(value, str):
         raise ConfigError(f"{dotted}: expected a string, got {show(value)}")
     if "\0" in value:  # no path, URL or name holds one; the OS refuses it in a path
         raise ConfigError(f"{dotted}: holds a NUL character (valid: text without NUL)")
-    if choices and value not in choices:
-        what = dotted.rsplit(".", 1)[-1]
-        raise ConfigError(f"{dotted}: unknown {what} {value!r} (valid: {', '.join(choices)})")
     return value
+
+
+def choice(data: Mapping[str, Any], key: str, dotted: str, default: Word,
+           choices: tuple[Word, ...]) -> Word:
+    """One of `choices` (the words of a `Literal` type in values.py), typed as that word."""
+    value = string(data, key, dotted, default)
+    for word in choices:
+        if value == word:
+            return word
+    what = dotted.rsplit(".", 1)[-1]
+    raise ConfigError(f"{dotted}: unknown {what} {value!r} (valid: {', '.join(choices)})")
 
 
 def secret(data: Mapping[str, Any], key: str, prefix: str, holding: str = "holding the key",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.config.fields import check_keys, number, secret, show, string
+from proxy.config.fields import check_keys, choice, number, secret, show, string
 from proxy.config.values import (
     LOG_LEVELS,
     LORA_MODES,
@@ -78,12 +78,12 @@ def log_table(data: Mapping[str, Any]) -> LogConfig:
     if not timing:
         raise ConfigError("log.timing: must name a file (valid: a path such as 'timing.jsonl')")
     return LogConfig(timing=timing,
-                     level=string(data, "level", "log.level", d.level, LOG_LEVELS))
+                     level=choice(data, "level", "log.level", d.level, LOG_LEVELS))
 
 
 def lora_table(data: Mapping[str, Any]) -> LoraConfig:
     check_keys(data, "lora.", LoraConfig)
-    mode = string(data, "mode", "lora.mode", "passthrough", LORA_MODES)
+    mode = choice(data, "mode", "lora.mode", "passthrough", LORA_MODES)
     raw = data.get("adapters", [])
     if not isinstance(raw, list):
         raise ConfigError(f"lora.adapters: expected an array of tables, got {show(raw)}")
@@ -117,7 +117,7 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
     check_keys(data, "prefill.", PrefillConfig)
     d = PrefillConfig()
     return PrefillConfig(
-        mode=string(data, "mode", "prefill.mode", d.mode, PREFILL_MODES),
+        mode=choice(data, "mode", "prefill.mode", d.mode, PREFILL_MODES),
         cold_tokens=number(data, "cold_tokens", "prefill.cold_tokens", d.cold_tokens,
                             low=1, high=10_000_000, integer=True),
         max_hold_s=number(data, "max_hold_s", "prefill.max_hold_s", d.max_hold_s,

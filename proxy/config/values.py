@@ -1,10 +1,26 @@
 """The configuration's values: one frozen dataclass per TOML table, with a one-line docstring per
-key (the reference the example config and docs follow), and the sets of valid words."""
+key (the reference the example config and docs follow), and the sets of valid words: each a
+`Literal` type for the field, and its words as a tuple (`get_args`) for the parser's checks."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+LoraMode = Literal["passthrough", "fixed", "none"]
+PrefillMode = Literal["off", "defer", "chunk"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+PagesMode = Literal["auto", "open", "token", "off"]
+CacheScope = Literal["client", "shared"]
+LoadFormat = Literal["vllm", "sglang"]
+
+LORA_MODES: tuple[LoraMode, ...] = get_args(LoraMode)
+PREFILL_MODES: tuple[PrefillMode, ...] = get_args(PrefillMode)
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+PAGES_MODES: tuple[PagesMode, ...] = get_args(PagesMode)
+CACHE_SCOPES: tuple[CacheScope, ...] = get_args(CacheScope)
+LOAD_FORMATS: tuple[LoadFormat, ...] = get_args(LoadFormat)
 
 
 class ConfigError(ValueError):
@@ -60,7 +76,7 @@ class ListenConfig:
 class LogConfig:
     timing: str = "slotwise-timing.jsonl"
     """The JSON-lines file that gets one timing record per request."""
-    level: str = "info"
+    level: LogLevel = "info"
     """Level of slotwise's own log (stderr): debug, info, warning, error."""
 
 
@@ -76,7 +92,7 @@ class LoraAdapter:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    mode: str = "passthrough"
+    mode: LoraMode = "passthrough"
     """passthrough: forward what the client sent; fixed: the configured adapters on every request;
     none: every request with all adapters at scale 0."""
     adapters: tuple[LoraAdapter, ...] = ()
@@ -85,7 +101,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    mode: str = "off"
+    mode: PrefillMode = "off"
     """off: forward at once; defer: hold cold prompts while others generate; chunk: feed them in pieces."""
     cold_tokens: int = 2000
     """A request whose estimated new prompt tokens reach this is cold."""
@@ -127,14 +143,14 @@ class AccessConfig:
     """A file holding the admin key (instead of `admin_key`), read at start and at every reload."""
     allow: tuple[str, ...] = ()
     """Admin endpoints every client may call, e.g. "GET /slots" (valid: request/admin_endpoints.py)."""
-    pages: str = "auto"
+    pages: PagesMode = "auto"
     """slotwise's /metrics and /slotwise/: open, token (pages_token or admin_key), off; auto: token
     if either is set, else open on a loopback listen address, else off."""
     pages_token: str = field(default="", repr=False)
     """The token for the pages (`Authorization: Bearer TOKEN`, or the password of Basic auth)."""
     pages_token_file: str = ""
     """A file holding the pages token (instead of `pages_token`)."""
-    cache_scope: str = "client"
+    cache_scope: CacheScope = "client"
     """With client keys: `client`, each client's kept KV files and warm-up answers are its own (a
     client learns nothing of another's prompts through them); `shared`: one pool for all clients,
     on purpose (a team that shares its system prompts and histories)."""
@@ -150,7 +166,7 @@ class ClusterConfig:
     node: str = ""
     """This node's name behind a router: the `X-Slotwise-Node` response header and the record's
     `node`; "" = HOSTNAME:PORT (the configured port)."""
-    load_format: str = "vllm"
+    load_format: LoadFormat = "vllm"
     """How GET /get_load answers: vllm (`{"load": N}`, vllm-router's power_of_two) or sglang (a list
     of per-rank counts, sglang-router's); `?format=` overrides it per request."""
     health_timeout_s: float = 1.0
@@ -211,10 +227,4 @@ class Config:
     keep_kv: KeepKvConfig = field(default_factory=KeepKvConfig)
 
 
-LORA_MODES = ("passthrough", "fixed", "none")
-PREFILL_MODES = ("off", "defer", "chunk")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-PAGES_MODES = ("auto", "open", "token", "off")
-CACHE_SCOPES = ("client", "shared")
-LOAD_FORMATS = ("vllm", "sglang")
 NODE_NAME = re.compile(r"^[A-Za-z0-9._:@-]{1,64}$")
