@@ -45,7 +45,8 @@ def time_number(seconds: float, shown: str) -> str:
 
 
 def row_cells(table: Table, row: Row) -> list[str]:
-    return [fmt(v, u) for v, u in zip(row.values, table.units, strict=False)]
+    units = table.units if row.unit is None else (row.unit,) * len(row.values)
+    return [fmt(v, u) for v, u in zip(row.values, units, strict=False)]
 
 
 def compact(table: Table, row: Row | None) -> str:

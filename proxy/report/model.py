@@ -96,6 +96,9 @@ class Row:
     label: str
     n: int
     values: tuple[float | None, ...]
+    unit: str | None = None
+    """The unit of every value of this row, instead of the table's `units` (a table of unlike
+    figures, such as the overview)."""
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ def table_dict(table: Table) -> dict[str, Any]:
         "units": list(table.units),
         "n_label": table.n_label,
         "note": table.note,
-        "rows": [{"label": r.label, "n": r.n, "values": list(r.values)} for r in table.rows],
+        "rows": [{"label": r.label, "n": r.n, "values": list(r.values),
+                  **({"unit": r.unit} if r.unit is not None else {})} for r in table.rows],
     }
 
 

@@ -252,7 +252,7 @@ def overview_table(turns: Sequence[Span], index: SpanIndex, untimed: int = 0) ->
         Row("requests", requests, (float(requests),)),
         Row("turns", len(turns), (float(len(turns)),)),
         Row("turns per hour", len(turns), (len(turns) / hours if hours else None,)),
-        Row("seconds with 2+ requests running", len(spans), (index.busy_seconds(2),)),
-        Row("time to first token p95 (s), all turns", len(ttfts), (quantile(ttfts, 0.95),)),
+        Row("time with 2+ requests running", len(spans), (index.busy_seconds(2),), unit="s"),
+        Row("time to first token p95, all turns", len(ttfts), (quantile(ttfts, 0.95),), unit="s"),
     )
     return Table("overview", "Overview", ("value",), ("",), rows)
