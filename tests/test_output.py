@@ -58,18 +58,22 @@ def test_a_table_too_wide_for_the_console_is_printed_whole_not_cut() -> None:
     assert all(f"{1_234_567.8 * (i + 1):,.1f} ms" in text for i in range(12))
 
 
-def record(client: str, purpose: str) -> dict[str, object]:
+def record(client: str, purpose: str, queue_ms: float = 14_100.2) -> dict[str, object]:
     return {"start": client, "client": client, "purpose": purpose, "prompt_tokens": 32_252,
-            "timings": {"prompt_n": 13_252}, "queue_ms": 14_100.2, "ttft_ms": 110_912.3,
-            "events": 1_200, "gap_max_ms": 2_300.6, "worst_3s_rate": 45.45, "prefill_plan": "chunked",
+            "timings": {"prompt_n": 13_252}, "queue_ms": queue_ms, "ttft_ms": 110_912.3,
+            "warmed_tokens": 31_000, "events": 1_200, "gap_max_ms": 2_300.6, "worst_3s_rate": 45.45,
+            "prefill_plan": "chunked",
             "overlaps": [{"computed_tokens": 3252, "decode_ms": 2000.0, "decode_events": 90}]}
 
 
 def test_the_demo_records_table_keeps_every_figure_at_80_columns() -> None:
-    text = printed(records_table("chunk", [record("dan", "first-turn"), record("ann", "chat")]))
+    records = [record("dan", "first-turn"), record("ann", "chat"), record("dan", "warm-up", 340.0)]
+    text = printed(records_table("warm", records))
     assert "…" not in text
-    for figure in ("32,252", "13,252", "14,100", "110,912", "1,200", "2,301", "45"):
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for figure in ("32,252", "13,252", "31,000", "14.1 s", "111 s", "1,200", "2.3 s", "45"):
         assert text.count(figure) >= 2, figure
+    assert "340 ms" in text  # a time under a second, as the report shows it
 
 
 def test_the_demo_summary_keeps_every_figure_at_80_columns() -> None:
@@ -77,7 +81,7 @@ def test_the_demo_summary_keeps_every_figure_at_80_columns() -> None:
             ("dan", StreamResult(sent=0.8, tokens=[110.9])),
             ("eve", StreamResult(sent=1.2, tokens=[5.3]))]
     text = printed(summary_table({"off": felt, "chunk": felt, "defer": felt}))
-    assert "…" not in text and text.count("110,100") == 3 and text.count("4,100") == 3
+    assert "…" not in text and text.count("110 s") == 3 and text.count("4.1 s") == 3
     assert max(len(line) for line in text.splitlines()) <= 80
 
 

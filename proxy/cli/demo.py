@@ -20,6 +20,7 @@ from rich.table import Table
 
 from proxy.bench.harness import SlotwiseProcess, StreamResult, temp_dir
 from proxy.bench.output import figures_table, print_table
+from proxy.report.cells import fmt
 from proxy.testbed.words import filler
 
 Felt = tuple[str, StreamResult]
@@ -114,19 +115,21 @@ def run_once(server_url: str, work: Path, mode: str, cold_words: int
 
 
 def records_table(mode: str, records: list[dict[str, Any]]) -> Table:
+    """A line per record; times as the report shows them (ms under a second), the client and its
+    purpose in one column that wraps, so that 80 columns hold the twelve figures."""
     table = figures_table(f"timing records, prefill mode '{mode}'")
-    columns = ("client", "purpose", "prompt tok", "new tok", "warmed tok", "queue ms", "ttft ms",
-               "events", "gap max ms", "worst 3s /s", "during cold /s", "plan")
+    columns = ("client, purpose", "prompt tok", "new tok", "warmed tok", "queue", "ttft",
+               "events", "gap max", "worst 3s /s", "during cold /s", "plan")
     for column in columns:
-        table.add_column(column, justify="left" if column in ("client", "purpose", "plan")
+        table.add_column(column, justify="left" if column in ("client, purpose", "plan")
                          else "right")
     for rec in sorted(records, key=lambda r: r["start"]):
         timings = rec.get("timings") or {}
         table.add_row(
-            str(rec.get("client")), str(rec.get("purpose")), _n(rec.get("prompt_tokens")),
+            f"{rec.get('client')}, {rec.get('purpose')}", _n(rec.get("prompt_tokens")),
             _n(timings.get("prompt_n", rec.get("fed_tokens"))), _n(rec.get("warmed_tokens")),
-            _n(rec.get("queue_ms")), _n(rec.get("ttft_ms")),
-            _n(rec.get("events")), _n(rec.get("gap_max_ms")), _n(rec.get("worst_3s_rate")),
+            _ms(rec.get("queue_ms")), _ms(rec.get("ttft_ms")),
+            _n(rec.get("events")), _ms(rec.get("gap_max_ms")), _n(rec.get("worst_3s_rate")),
             _n(rate_during_cold(rec)), str(rec.get("prefill_plan")))
     return table
 
@@ -144,6 +147,11 @@ def _n(value: Any) -> str:
     if value is None:
         return "–"
     return f"{value:,.0f}" if isinstance(value, int | float) else str(value)
+
+
+def _ms(value: Any) -> str:
+    """A time in milliseconds, as the report shows times (proxy/report/cells.py)."""
+    return fmt(value, "ms") if isinstance(value, int | float) else _n(value)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -176,15 +184,16 @@ def summary_table(results: dict[str, list[Felt]]) -> Table:
         table.add_column(f"prefill {mode}", justify="right")
     rows: dict[str, Callable[[list[Felt]], float | None]] = {
         "streams' rate during the cold prompt (tok/s, slowest)": _rate_during_cold,
-        "streams' longest gap (ms)": lambda felt: _max(
+        "streams' longest gap": lambda felt: _max(
             _gap_ms(r) for user, r in felt if user in STREAMERS),
-        "short turns' time to first token (ms, worst)": lambda felt: _max(
+        "short turns' time to first token (worst)": lambda felt: _max(
             _ttft_ms(r) for user, r in felt if user == "eve"),
-        "cold turn's time to first token (ms)": lambda felt: _max(
+        "cold turn's time to first token": lambda felt: _max(
             _ttft_ms(r) for user, r in felt if user == "dan"),
     }
     for name, figure in rows.items():
-        table.add_row(name, *(_n(figure(felt)) for felt in results.values()))
+        show = _n if name.startswith("streams' rate") else _ms
+        table.add_row(name, *(show(figure(felt)) for felt in results.values()))
     return table
 
 
