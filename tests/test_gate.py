@@ -103,6 +103,10 @@ class FakeKeeper:
         self.asked: list[str] = []
         self.pending: list[asyncio.Future[Restored]] = []
         self.kept: set[str] = set()
+        self.looks: list[bool] = []
+        self.saving: asyncio.Future[None] | None = None
+        self.wake = asyncio.Event()
+        """The gate's wake-up, as the real keeper shares it."""
 
     async def restorable(self, flight: Flight, ids: list[int],
                          est: Estimate) -> tuple[Estimate, Restorable | None]:
@@ -119,6 +123,39 @@ class FakeKeeper:
     def restored(self, new_tokens: int = 100) -> None:
         self.pending.pop(0).set_result(Restored(Estimate(6000, new_tokens), None, done=True))
 
+    # the saves: one is due once `look_wanted`; it runs until the test ends it (`saved`)
+    due: str | None = None
+    look_wanted = False
+
+    def want_a_look(self) -> None:
+        self.look_wanted = True
+        self.wake.set()
+
+    def next_look_in(self, quiet: bool) -> float | None:
+        return 0.0 if self.look_wanted else None
+
+    async def look(self, quiet: bool) -> FakeSave | None:
+        self.look_wanted = False
+        self.looks.append(quiet)
+        return FakeSave(self.due) if quiet and self.due else None
+
+    async def save(self, save: FakeSave) -> None:
+        self.saving = asyncio.get_running_loop().create_future()
+        await self.saving
+        self.due = None
+
+    def saved(self) -> None:
+        assert self.saving is not None
+        self.saving.set_result(None)
+
+    def save_dropped(self, save: FakeSave) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeSave:
+    name: str
+
 
 def make_rig(mode: str, *, slots: int | None = None, keeper: FakeKeeper | None = None,
              **over: Any) -> Rig:
@@ -128,7 +165,7 @@ def make_rig(mode: str, *, slots: int | None = None, keeper: FakeKeeper | None =
     estimator, feeder = FakeEstimator(slots), FakeFeeder()
     gate = PrefillGate(config=config[0], estimator=estimator,  # type: ignore[arg-type]
                        feeder=feeder, registry=registry, clock=clock,  # type: ignore[arg-type]
-                       keep=keeper)
+                       keep=keeper, wake=keeper.wake if keeper is not None else None)
     registry.subscribe(gate.on_phase)
     return Rig(gate, registry, clock, estimator, feeder, config)
 
@@ -364,3 +401,45 @@ async def test_a_prompt_longer_than_a_slot_is_never_fed(rig: Rig) -> None:
     assert rig.feeder.pieces == [] and c.prefill.pieces == 0
     assert c.prefill.note == ("the prompt's 9,456 tokens are more than a slot holds (8,192): "
                               "forwarded as it came, no piece fed")
+
+
+async def test_a_save_goes_only_when_no_cold_request_waits_and_holds_one_that_comes() -> None:
+    """The keeper's looks and saves run in the gate's one loop, under the policy's rule 16."""
+    keeper = FakeKeeper()
+    rig = make_rig("chunk", slots=4, keeper=keeper)
+    loop = asyncio.create_task(rig.gate.run())
+    try:
+        s = await generating(rig)
+        cold = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 5000}))
+        await settle()
+        assert len(rig.feeder.pieces) == 1  # c is fed in pieces beside s
+        keeper.due = "conv-1"
+        keeper.want_a_look()
+        await settle()
+        assert keeper.looks == [False] and keeper.saving is None  # not while c waits
+        rig.clock.now = 1.0
+        finish(rig, s)
+        while not cold.done():  # alone now: c's rest goes in idle pieces, then c itself
+            rig.feeder.done(1000)
+            await settle()
+        finish(rig, c, prompt_n=100, cache_n=4900)
+        fed = len(rig.feeder.pieces)
+        keeper.want_a_look()
+        await settle()
+        assert keeper.looks == [False, True] and keeper.saving is not None  # quiet: it goes
+        late = asyncio.create_task(rig.gate.admit(d := flight(rig, "d"), {"n": 5000}))
+        short = asyncio.create_task(rig.gate.admit(x := flight(rig, "x"), {"n": 50}))
+        await settle()
+        assert short.done() and not late.done()  # a short one goes; the cold one waits
+        assert d.phase is Phase.HELD and len(rig.feeder.pieces) == fed
+        finish(rig, x)
+        await settle()
+        assert len(rig.feeder.pieces) == fed  # still the save's time
+        rig.clock.now = 1.5
+        keeper.saved()
+        await settle()
+        assert late.done() and d.prefill.held_ms == 500.0  # then d goes, at full speed
+        assert d.prefill.note == "cold, nobody generating"
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

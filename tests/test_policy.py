@@ -22,7 +22,7 @@ from proxy.prefill import (
     Reject,
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
-from proxy.prefill.events import Restorable, Restore
+from proxy.prefill.events import Restorable, Restore, Save
 from proxy.prefill.pacing import BEHIND_SHARE, IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
@@ -691,3 +691,49 @@ class TestRule15WarmUps:
         [restore] = p.on_arrival("r", 6000, 6000, 0.1, KEPT)[1:]
         assert restore == Restore("r")  # the second slot; the first is the warm piece's
         assert p.on_warm_pieces(0, 0.5) == [FeedPiece("c", 1024)]
+
+
+class TestRule16Saves:
+    def test_a_save_goes_only_on_a_quiet_server(self) -> None:
+        p = policy(slots=4)
+        busy(p)
+        assert not p.save_ok() and p.on_save_due("save-a", 0.0) == []
+        p.on_finished("s", 1.0)
+        assert p.save_ok() and p.on_save_due("save-a", 1.0) == [Save("save-a")]
+        assert not p.save_ok()  # one save at a time
+        p.on_save_done("save-a", 800.0, 1.8)
+        assert p.save_ok() and p.save_ms == 800.0
+
+    def test_nor_while_a_cold_request_is_held_or_a_warm_piece_runs(self) -> None:
+        p = policy(slots=4)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        p.on_finished("s", 0.5)  # c's piece is in flight, its plan goes on
+        assert not p.save_ok()
+        p = policy(slots=4)
+        p.on_warm_pieces(1, 0.0)
+        assert not p.save_ok()
+
+    def test_a_cold_request_arriving_during_a_save_waits_for_it(self) -> None:
+        """A save is a task on the server's main loop: a cold request is not on an idle server
+        then; it goes at full speed when the save ends. A short one is admitted at once."""
+        p = policy(slots=4, tps=1000.0)
+        p.on_save_due("save-a", 0.0)
+        assert p.on_arrival("c", 5000, 5000, 0.1) == [Hold("c", "a save of kept KV in flight")]
+        assert p.on_arrival("x", 100, 100, 0.2) == [Admit("x", "not cold")]
+        p.on_finished("x", 0.4)
+        assert p.next_wakeup() is None  # the save's end moves it on
+        assert kinds(p.on_save_done("save-a", 700.0, 0.7)) == ["FeedPiece"]
+
+    def test_a_restore_waits_for_the_save_and_the_save_takes_a_slot(self) -> None:
+        p = policy(slots=2)
+        p.on_save_due("save-a", 0.0)
+        busy(p, "s", 0.1)  # both slots used: the save's and s's
+        assert kinds(p.on_arrival("r", 6000, 6000, 0.2, KEPT)) == ["Hold"]
+        assert p.on_save_done("save-a", 500.0, 0.5) == [Restore("r")]
+
+    def test_a_save_pauses_the_warm_ups(self) -> None:
+        p = policy()
+        p.on_save_due("save-a", 0.0)
+        load = p.warm_load(0.1)
+        assert load.busy and load.prefilling

@@ -1,6 +1,7 @@
 """The keep_kv feature, around the `Keeper` the scheduler built (proxy/prefill/feature.py, installed
-before it): the keeper's figures in /metrics, its section of the status page, and its loop (probe,
-placement, saves, budget). `keep_kv.enabled` and `keep_kv.dir` change only on a restart.
+before it): the keeper's figures in /metrics, its section of the status page, and its start (the
+probe and the files' check; its looks and saves run in the scheduler's loop). `keep_kv.enabled` and
+`keep_kv.dir` change only on a restart.
 """
 
 from __future__ import annotations
@@ -68,5 +69,5 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.reload_hooks.append(lambda new: keeper.reconfigure(new.keep_kv))
     if METRICS in app:
         app[METRICS].registry.register(KeepCollector(keeper))
-    async with background(keeper.run(), "slotwise-keep"):
+    async with background(keeper.open(), "slotwise-keep-start"):
         yield

@@ -1,18 +1,18 @@
 """The keeper: the one place where the keep store's decisions become I/O.
 
-It probes at start whether saving works, reads `/slots` after requests end and while saves may come
-due, asks llama-server to save an idle slot (`POST /slots/N?action=save`, one at a time, only when
-nothing is in flight) and to restore a file into an idle slot before a returning conversation's
-request is forwarded (the prefill gate's `keep` hook), keeps the files private, synced, renamed,
-deleted and listed in the index, and writes one timing record per save and per restore. A file is
-hashed when saved and checked before every restore (and once at start, in a thread): llama-server
-aborts on a damaged one. Restores fail open.
+It probes at start whether saving works; driven by the prefill gate's one loop (its `KeepHook`), it
+reads `/slots` after requests end and while saves may come due, asks llama-server to save an idle
+slot (`POST /slots/N?action=save`, one at a time, when the policy finds the server quiet) and to
+restore a file into an idle slot before a returning conversation's request is forwarded (when the
+policy says so), keeps the files private, synced, renamed, deleted and listed in the index, and
+writes one timing record per save and per restore. A file is hashed when saved and checked before
+every restore (and once at start, in a thread): llama-server aborts on a damaged one. Restores fail
+open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -69,6 +69,7 @@ PROBE_RETRY_S = 15.0
 
 class Keeper:
     def __init__(self, state: ProxyState, estimator: Estimator, *,
+                 wake: asyncio.Event | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self._state = state
         self._estimator = estimator
@@ -80,7 +81,12 @@ class Keeper:
         self._flights: dict[Flight, tuple[tuple[int, ...], str, int]] = {}  # until they end
         self._stamps: dict[str, index.Stamp] = {}
         """Each file's stamp when its bytes were last hashed (unchanged: not hashed again)."""
-        self._wake = asyncio.Event()
+        self._wake = wake if wake is not None else asyncio.Event()
+        """The scheduler's wake-up (set when a look is wanted at once)."""
+        self._ready = False
+        """Probed working and the files checked: looks and saves may begin."""
+        self._look_now = True
+        self._looked_at = 0.0
         self.saves = Counter[str]()
         self.restores = Counter[str]()
         """Saves and restores by outcome (the metrics)."""
@@ -98,6 +104,10 @@ class Keeper:
 
     def reconfigure(self, config: KeepKvConfig) -> None:
         self.store.knobs = knobs(config)
+        self._wants_a_look()
+
+    def _wants_a_look(self) -> None:
+        self._look_now = True
         self._wake.set()
 
     # ---- start -------------------------------------------------------------------------------------
@@ -276,7 +286,7 @@ class Keeper:
         """Registry listener: a request that ended well left its conversation in a slot."""
         if new is not Phase.DONE:
             return
-        self._wake.set()  # also a save that waited for quiet may go now
+        self._wants_a_look()  # where it left its KV; also a save that waited for quiet may go now
         entry = self._flights.pop(flight, None)
         if entry is None or flight.outcome != "done" or flight.status != 200:
             return
@@ -286,9 +296,10 @@ class Keeper:
         self.store.on_request_ended(chain, variant, flight.prompt_tokens or n_ids, generated,
                                     self._wall())
 
-    # ---- the loop ---------------------------------------------------------------------------------
+    # ---- start, and the looks the scheduler runs ----------------------------------------------------
 
-    async def run(self) -> None:
+    async def open(self) -> None:
+        """Probe, then check every kept file; the scheduler's looks begin after."""
         try:
             await self.start()
         except Exception as exc:  # keep_kv stays off; requests go as usual
@@ -300,39 +311,51 @@ class Keeper:
             await self.check_all()
         except Exception:  # every restore checks its file anyway
             log.exception("keep_kv: checking the kept files failed inside slotwise")
-        while True:
-            try:
-                await self.look()
-            except Exception:  # a bug must not end the loop: the next look tries again
-                log.exception("keep_kv: a look at the slots failed inside slotwise")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._poll_s()):
-                    await self._wake.wait()
-            self._wake.clear()
+        self._ready = True
+        self._wants_a_look()
 
-    async def look(self) -> None:
-        """One read of `/slots`: place, save what is due, run the budget."""
+    def next_look_in(self, quiet: bool) -> float | None:
+        """Seconds until the next look at `/slots` (None before the probe found saving works)."""
+        if not self._ready:
+            return None
+        if self._look_now:
+            return 0.0
+        return max(0.0, self._looked_at + self._poll_s(quiet) - self._wall())
+
+    async def look(self, quiet: bool) -> SaveSlot | None:
+        """One read of `/slots`: place, run the budget; the save due if `quiet`. Never raises."""
+        self._look_now, self._looked_at = False, self._wall()
         try:
             slots = await self._slots()
         except (UpstreamCallError, ValueError) as exc:
             log.debug("keep_kv: cannot read /slots: %s", exc)
-            return
-        now = self._wall()
-        decisions = self.store.on_slots(slots, now, quiet=len(self._state.registry) == 0)
-        self._apply_now([*decisions, *self.store.budget(now)])
-        for save in (d for d in decisions if isinstance(d, SaveSlot)):
-            await self._save(save)
+            return None
+        try:
+            now = self._wall()
+            decisions = self.store.on_slots(slots, now, quiet=quiet)
+            self._apply_now([*decisions, *self.store.budget(now)])
+        except Exception:  # a bug must not stop the looks: the next one tries again
+            log.exception("keep_kv: a look at the slots failed inside slotwise")
+            return None
+        return next((d for d in decisions if isinstance(d, SaveSlot)), None)
 
-    def _poll_s(self) -> float:
+    def save_dropped(self, save: SaveSlot) -> None:
+        self.store.on_save_dropped(save)
+
+    def _poll_s(self, quiet: bool) -> float:
         convs = self.store.conversations.values()
         if any(c.placing for c in convs):
             return PLACE_POLL_S
-        if len(self._state.registry):  # saves wait for quiet: the last request's end wakes the loop
+        if not quiet:  # saves wait for quiet: the last request's end asks for a look
             return MAX_POLL_S
         due = [c.ended + self.store.knobs.save_after_idle_s for c in convs
                if c.slot is not None and not self.store.saved(c)]
         wait = min(due, default=self._wall() + MAX_POLL_S) - self._wall()
         return min(max(wait, PLACE_POLL_S), MAX_POLL_S)
+
+    async def save(self, save: SaveSlot) -> None:
+        """Run a save the policy let go (rule 16)."""
+        await self._save(save)
 
     async def _save(self, save: SaveSlot) -> None:
         rec = self._flight("kv-save", save.slot, "save", save.name, None)

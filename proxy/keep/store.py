@@ -179,6 +179,11 @@ class KeepStore:
         conv.given_up = save.name not in self.files
         return [KeepFile(save.temp, save.name), *superseded, *budget]
 
+    def on_save_dropped(self, save: SaveSlot) -> None:
+        """It did not go (the server was busy again): due at the next quiet look."""
+        if self.saving == save:
+            self.saving = None
+
     def on_save_failed(self, save: SaveSlot) -> None:
         self.saving = None
         if (conv := self.conversations.get(save.name)) is not None:

@@ -70,6 +70,14 @@ class Restore:
 
 
 @dataclass(frozen=True)
+class Save:
+    """Save a slot's KV to a file now (keep_kv): the server is quiet, and the save counts as its
+    user until `on_save_done`."""
+
+    req_id: str
+
+
+@dataclass(frozen=True)
 class Forward:
     """Send the real request now (after pieces, or failing open); `reason` goes into its record."""
 
@@ -92,4 +100,4 @@ class CancelPiece:
     req_id: str
 
 
-Decision = Admit | Hold | FeedPiece | Restore | Forward | Reject | CancelPiece
+Decision = Admit | Hold | FeedPiece | Restore | Save | Forward | Reject | CancelPiece

@@ -2,7 +2,7 @@
 saved KV (keep_kv, when enabled) and the warm-ups are built here together and handed to the gate as
 constructor arguments (`hooks.py`), sharing one wake-up event; the gate becomes `state.gate`, hears
 the registry, and runs the one loop that acts on llama-server's time (the warm-ups tick in it). The
-warm and keep features add their routes, metrics, status and the keeper's save loop around the parts
+warm and keep features add their routes, metrics, status and the keeper's start around the parts
 built here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
@@ -46,7 +46,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
     policy = PrefillPolicy(config.prefill, n_batch=config.prefill.n_batch)
     feeder, wake = PieceFeeder(state.upstream), asyncio.Event()
-    keeper = Keeper(state, estimator) if config.keep_kv.enabled else None
+    keeper = Keeper(state, estimator, wake=wake) if config.keep_kv.enabled else None
     warmer = Warmer(state, estimator, feeder, wake)
     gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,
                        registry=state.registry, clock=state.clock, policy=policy, keep=keeper,

@@ -3,9 +3,10 @@
 It estimates each request (whenever a feature needs it: `chunk`, `defer`, or kept KV), asks the
 keeper what a kept file could spare it, tells the pure `PrefillPolicy` what happened (arrivals,
 phase changes from the registry, pieces, restores, clients leaving, ticks) and applies what it
-answers: a future per held request, a task per piece or restore in flight, a background loop that
-ticks at the policy's next wakeup. The keeper and the warm-ups come in as constructor arguments
-(`hooks.py`).
+answers: a future per held request, a task per piece, restore or save in flight, and the one
+background loop that acts on llama-server's time: it ticks the policy at its next wakeup, gives the
+warm-up queue its turn and runs the keeper's looks at the slots (the saves they find due go only
+when the policy says so). The keeper and the warm-ups come in as constructor arguments (`hooks.py`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from proxy.prefill.events import (
     Forward,
     Reject,
     Restore,
+    Save,
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
-from proxy.prefill.hooks import KeepHook, Restored, WarmHook
+from proxy.prefill.hooks import DueSave, KeepHook, Restored, WarmHook
 from proxy.prefill.policy import PrefillPolicy
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase, PrefillPlan
@@ -71,7 +73,7 @@ class PrefillGate:
     def __init__(self, *, config: PrefillConfig, estimator: Estimator,
                  feeder: PieceFeeder, registry: Registry,
                  clock: Callable[[], float] = time.monotonic,
-                 policy: PrefillPolicy | None = None, keep: KeepHook | None = None,
+                 policy: PrefillPolicy | None = None, keep: KeepHook[Any] | None = None,
                  warm: WarmHook | None = None, wake: asyncio.Event | None = None) -> None:
         self._cfg = config
         self._policy = policy if policy is not None else PrefillPolicy(config,
@@ -89,7 +91,10 @@ class PrefillGate:
         self._warm = warm
         """Ends this conversation's warm-up before the estimate (its work is then cached)."""
         self._keep = keep
-        """What a kept file could spare a request, and its restore when the policy says so."""
+        """What a kept file could spare a request, and its restore when the policy says so; its
+        looks at the slots and its saves run in this gate's loop."""
+        self._look: asyncio.Task[None] | None = None
+        self._saves: dict[str, tuple[DueSave, asyncio.Task[None] | None]] = {}
 
     @property
     def policy(self) -> PrefillPolicy:
@@ -205,6 +210,8 @@ class PrefillGate:
                     self._start_piece(decision)
                 case Restore():
                     self._start_restore(decision)
+                case Save():
+                    self._start_save(decision)
                 case CancelPiece():
                     request = self._deciding.get(decision.req_id)
                     if request is not None and request.piece is not None:
@@ -233,7 +240,7 @@ class PrefillGate:
         request.restore = asyncio.create_task(self._restore(request, self._keep),
                                               name=f"slotwise-restore-{request.key}")
 
-    async def _restore(self, request: _Request, keep: KeepHook) -> None:
+    async def _restore(self, request: _Request, keep: KeepHook[Any]) -> None:
         restored: Restored = await keep.restore(request.flight, request.ids)
         facts, now = request.flight.prefill, self._clock()
         if restored.done:
@@ -242,6 +249,58 @@ class PrefillGate:
         else:
             self._apply(self._policy.on_restore_failed(request.key, restored.problem or "failed",
                                                        now, no_slot=restored.no_slot))
+
+    # ---- saves (keep_kv, the policy's rule 16) -------------------------------------------------
+
+    def _tick_keep(self) -> float | None:
+        """The keeper's turn: a look at the slots when it wants one (none while one runs or a save
+        does); returns when it wants the next."""
+        keep = self._keep
+        if keep is None or self._look is not None or self._saves:
+            return None
+        in_s = keep.next_look_in(quiet=self._policy.save_ok())
+        if in_s is None:
+            return None
+        if in_s > 0:
+            return self._clock() + in_s
+        self._look = asyncio.create_task(self._look_at_slots(keep), name="slotwise-keep-look")
+        return None
+
+    async def _look_at_slots(self, keep: KeepHook[Any]) -> None:
+        try:
+            save = await keep.look(quiet=self._policy.save_ok())
+        finally:
+            self._look = None
+            self._wake.set()
+        if save is None:
+            return
+        key = f"save-{save.name}"
+        decisions = self._policy.on_save_due(key, self._clock())
+        if not decisions:  # somebody came meanwhile: the server is not quiet now
+            keep.save_dropped(save)
+            return
+        self._saves[key] = (save, None)
+        self._apply(decisions)
+
+    def _start_save(self, decision: Save) -> None:
+        entry = self._saves.get(decision.req_id)
+        if entry is None or self._keep is None:  # cannot happen: only asked for with a keeper
+            log.error("the policy saved %s, which the gate cannot", decision.req_id)
+            return
+        task = asyncio.create_task(self._save(decision.req_id, entry[0], self._keep),
+                                   name=f"slotwise-{decision.req_id}")
+        self._saves[decision.req_id] = (entry[0], task)
+
+    async def _save(self, key: str, save: DueSave, keep: KeepHook[Any]) -> None:
+        started = self._clock()
+        try:
+            await keep.save(save)
+        except Exception:  # a bug must not keep the server counted busy
+            log.exception("keep_kv: saving %s failed inside slotwise", save.name)
+        finally:
+            self._saves.pop(key, None)
+            now = self._clock()
+            self._apply(self._policy.on_save_done(key, (now - started) * 1000.0, now))
 
     def _log_choice(self, request: _Request) -> None:
         """One line when a cold request's way on changes (a strategy, or a piece size band), so the
@@ -309,13 +368,14 @@ class PrefillGate:
         return wakeup
 
     async def run(self) -> None:
-        """The one loop acting on llama-server's time: the warm-ups' turn, then the policy's tick at
-        its next wakeup; any decision applied, a request's phase or a warm piece's end wakes it."""
+        """The one loop acting on llama-server's time: the warm-ups' turn, the keeper's, then the
+        policy's tick at its next wakeup; any decision applied, a request's phase, a warm piece's
+        end or a look's wakes it."""
         while True:
             self._wake.clear()
-            warm_at = self._tick_warm()
-            wakeup = min((t for t in (self._policy.next_wakeup(), warm_at) if t is not None),
-                         default=None)
+            warm_at, keep_at = self._tick_warm(), self._tick_keep()
+            wakeup = min((t for t in (self._policy.next_wakeup(), warm_at, keep_at)
+                          if t is not None), default=None)
             delay = None if wakeup is None else wakeup - self._clock()
             if delay is None or delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
@@ -332,6 +392,9 @@ class PrefillGate:
         """Stop the pieces in flight (their connections close; the server cancels them)."""
         tasks = [task for r in self._deciding.values() for task in (r.piece, r.restore)
                  if task is not None and not task.done()]
+        tasks += [task for _, task in self._saves.values() if task is not None and not task.done()]
+        if self._look is not None:
+            tasks.append(self._look)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

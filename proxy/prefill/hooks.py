@@ -1,12 +1,13 @@
 """What the prefill gate (the one scheduler of llama-server's time) asks of the features that share
 that time: the keeper of saved KV (keep_kv) and the warm-ups. Protocols, passed to the gate when
-the app is built, and the one value a restore answers with.
+the app is built, and the one value a restore answers with. The gate's one loop drives both: it
+ticks the warm-up queue, and it runs the keeper's looks at the slots and the saves they find due.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from proxy.estimate import Estimate
 from proxy.prefill.events import Restorable
@@ -28,7 +29,18 @@ class Restored:
     """No idle slot was found: worth trying again when the next request finishes."""
 
 
-class KeepHook(Protocol):
+class DueSave(Protocol):
+    """A save the keeper found due (its own value; the gate only names it)."""
+
+    @property
+    def name(self) -> str:
+        ...
+
+
+SaveT = TypeVar("SaveT", bound=DueSave)
+
+
+class KeepHook(Protocol[SaveT]):
     async def restorable(self, flight: Flight, ids: list[int],
                          est: Estimate) -> tuple[Estimate, Restorable | None]:
         """What a kept file could spare this request, with the estimate corrected."""
@@ -36,6 +48,24 @@ class KeepHook(Protocol):
 
     async def restore(self, flight: Flight, ids: list[int]) -> Restored:
         """Restore its file into an idle slot now; never raises."""
+        ...
+
+    def next_look_in(self, quiet: bool) -> float | None:
+        """Seconds until the keeper wants its next look at the slots (None: no look wanted);
+        `quiet`: a save could go now (the policy's rule 16)."""
+        ...
+
+    async def look(self, quiet: bool) -> SaveT | None:
+        """Read the slots: place ended conversations, run the disk budget; the save now due, if
+        `quiet` (it is the store's until `save` or `save_dropped`). Never raises."""
+        ...
+
+    async def save(self, save: SaveT) -> None:
+        """Run the save (llama-server's main loop writes the file), seal and keep it."""
+        ...
+
+    def save_dropped(self, save: SaveT) -> None:
+        """The policy did not let it go (the server was no longer quiet): due again later."""
         ...
 
 

@@ -19,6 +19,7 @@ from proxy.prefill.events import (
     Reject,
     Restorable,
     Restore,
+    Save,
 )
 from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import ChunkKnobs, Situation
@@ -38,7 +39,7 @@ over other slots' cells the model does not see, so they read as a much cheaper m
 one a piece meets (seen: pieces predicted at 85 ms that took 240)."""
 
 class PrefillPolicy:
-    """Decides, per request, Admit / Hold / FeedPiece / Restore / Forward / Reject / CancelPiece.
+    """Decides, per request, Admit / Hold / FeedPiece / Restore / Save / Forward / Reject / CancelPiece.
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`. Any other request is
@@ -102,6 +103,11 @@ class PrefillPolicy:
         their pieces from the same batch cost, and their pieces in flight (`on_warm_pieces`) count
         like a cold request's: a slot, and the one piece in flight (a cold request that arrives
         meanwhile is not on an idle server: it waits for that piece); each teaches the cost.
+    16. Saves (keep_kv) are tasks on the server's main loop like a piece: one goes (Save, from
+        `on_save_due`) only when the server is quiet (`save_ok`: nothing sent, held, fed, restored
+        or warmed), and until `on_save_done` it counts as a slot user and the piece in flight: a
+        cold request arriving meanwhile waits for it, restores and warm-ups wait, short requests
+        are admitted (the server runs them after the save).
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -119,6 +125,9 @@ class PrefillPolicy:
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._next_piece_at = 0.0
         self._warm_pieces = 0
+        self._saving: str | None = None
+        self.save_ms: float | None = None
+        """What the last save cost the server's main loop (rule 16)."""
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -202,6 +211,19 @@ class PrefillPolicy:
         """A warm-up's piece teaches the batch cost like a cold request's (rules 9, 15)."""
         self._cost.observe_piece(tokens, ctx, elapsed_ms, self._use.decoders())
 
+    def on_save_due(self, save_id: str, now: float) -> list[Decision]:
+        """Rule 16: the keeper has a slot to save; it goes only on a quiet server."""
+        if not self.save_ok():
+            return []
+        self._saving = save_id
+        return [Save(save_id)]
+
+    def on_save_done(self, save_id: str, elapsed_ms: float, now: float) -> list[Decision]:
+        if self._saving != save_id:
+            return []
+        self._saving, self.save_ms = None, elapsed_ms
+        return self._advance(now)
+
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
         held = self._plans.get(req_id)
         if held is None:
@@ -242,11 +264,18 @@ class PrefillPolicy:
         times = [t for t in (self._restores.next_wakeup(), self._plans_wakeup()) if t is not None]
         return min(times, default=None)
 
+    def save_ok(self) -> bool:
+        """Rule 16: whether a save may go now (nobody else uses the server)."""
+        return not (self._use or self._plans or self._restores or self._behind
+                    or self._warm_pieces or self._saving)
+
     def warm_load(self, now: float) -> Load:
-        """Rule 15: what real requests are doing, as the warm-up queue decides by it."""
+        """Rule 15: what real requests are doing, as the warm-up queue decides by it (a save in
+        flight pauses it like a prompt computed)."""
         grace = self._use.sent_grace_end()
         return Load(cold_held=bool(self._plans or self._restores or self._behind),
-                    prefilling=self._use.prefilling() or now < grace, busy=bool(self._use),
+                    prefilling=self._use.prefilling() or now < grace or self._saving is not None,
+                    busy=bool(self._use) or self._saving is not None,
                     decoders=self._use.decoders(), recheck_at=grace if now < grace else None)
 
     def warm_sizer(self) -> Sizer:
@@ -292,14 +321,15 @@ class PrefillPolicy:
             return self._admit(req_id, "prefill.mode off", now)
         if req.est_new_tokens < self._cfg.cold_tokens:
             return self._admit(req_id, "not cold", now)
-        if not self._plans and not self._use and not self._warm_pieces:
+        if not self._plans and not self._use and not self._warm_pieces and not self._saving:
             return self._admit(req_id, "cold, nobody generating", now)
         if self._plans and len(self._plans) > self._cfg.max_waiting:
             self._notes.pop(req_id, None)
             return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
         why = ("waiting for its turn" if self._plans else "others generating" if self._use
-               else "a warm-up's piece in flight")
+               else "a warm-up's piece in flight" if self._warm_pieces
+               else "a save of kept KV in flight")
         self._plans[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
         return [Hold(req_id, why), *self._advance(now)]
 
@@ -340,7 +370,7 @@ class PrefillPolicy:
             self._notes[waiting.req.req_id] = ("keep_kv: no slot came free to restore into "
                                               "in time, computed instead")
             out.extend(self._arrive(waiting.req, now))
-        started = self._restores.start(self._free_slots())
+        started = self._restores.start(0 if self._saving else self._free_slots())
         return [*out, *(Restore(r) for r in started)]
 
     def _unclaim(self, now: float) -> list[Decision]:
@@ -355,7 +385,8 @@ class PrefillPolicy:
             return []
         if self._cfg.mode == "defer":
             return self._defer_step(now)
-        if self._warm_pieces or any(p.piece_upto is not None for p in self._plans.values()):
+        if (self._warm_pieces or self._saving
+                or any(p.piece_upto is not None for p in self._plans.values())):
             return []
         if not self._use:
             return self._idle(shortest_rest(self._plans.values()), now)
@@ -380,7 +411,7 @@ class PrefillPolicy:
         for held in self._plans.values():
             if now >= held.deadline:
                 return self._release(held, Admit(held.req.req_id, "held prefill.max_hold_s"), now)
-        if self._use:
+        if self._use or self._saving:
             return []
         held = shortest_rest(self._plans.values())
         return self._release(held, Admit(held.req.req_id, "held until others finished"), now)
@@ -406,7 +437,7 @@ class PrefillPolicy:
         holds = [p.hold_until for p in self._plans.values() if p.hold_until is not None]
         active = self._active()
         if (active is None or active.piece_upto is not None or active.hold_until is not None
-                or self._warm_pieces):
+                or self._warm_pieces or self._saving):
             pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
         elif active.behind:
             pieces = self._next_piece_at
@@ -436,7 +467,8 @@ class PrefillPolicy:
         """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
         if self._slots is None:
             return 1
-        pieces = self._warm_pieces + sum(1 for p in self._plans.values() if p.piece_upto is not None)
+        pieces = (self._warm_pieces + (self._saving is not None)
+                  + sum(1 for p in self._plans.values() if p.piece_upto is not None))
         return self._slots - len(self._use) - pieces - self._restores.running()
 
     def _share(self, held: HeldRequest, now: float) -> float:
