@@ -219,7 +219,7 @@ class TestRule6Chunk:
         assert p.on_arrival("c", 5000, 5000, 1.0)[1] == FeedPiece("c", 64)
 
     def test_pause_then_next_piece_then_forward(self) -> None:
-        p = policy(tps=1000.0, prefill_share=0.25)
+        p = policy(tps=1000.0, prefill_share=0.25, cold_tokens=32)
         busy(p)
         p.on_arrival("c", 2600, 2600, 0.0)
         upto = 256
@@ -238,6 +238,21 @@ class TestRule6Chunk:
             Forward("c", "rest fits one piece after 10 pieces (2560 tokens fed)")]
         assert ("c", Phase.QUEUED) in p.snapshot().in_flight
 
+    def test_a_rest_under_cold_tokens_goes_at_once(self) -> None:
+        """What is left is a short turn's work: sent as rule 1 sends one, never paused nor held
+        (bench day: a post-summary turn held 27.6 s by the batch cost's HOLD for its last 175)."""
+        p = policy(tps=1000.0, prefill_share=0.25)
+        busy(p)
+        p.on_arrival("c", 2600, 2600, 0.0)
+        assert p.on_piece_done("c", 256, 256.0, 0.3) == []  # 2,344 left: paused
+        [piece] = p.on_tick(2.0)
+        assert piece == FeedPiece("c", 512)
+        assert p.on_piece_done("c", 256, 256.0, 2.3) == [  # 2,088 left
+            ] and p.on_tick(4.0) == [FeedPiece("c", 768)]
+        assert p.on_piece_done("c", 256, 256.0, 4.3) == [
+            Forward("c", "its rest (1832 tokens) is under cold_tokens after 3 pieces "
+                         "(768 tokens fed)")]
+
     def test_pieces_follow_a_changed_rate(self) -> None:
         p = policy(tps=1000.0)
         busy(p)
@@ -254,7 +269,7 @@ class TestRule6Chunk:
 
 class TestRule7ChunkStopsWhenAlone:
     def test_a_short_rest_is_forwarded_at_once_during_a_pause(self) -> None:
-        p = policy(max_stall_ms=600.0)
+        p = policy(max_stall_ms=600.0, cold_tokens=1000)
         busy(p)
         p.on_arrival("c", 2200, 2200, 0.0)  # a 576-token piece, then 1,624 left: under 4 × 600 ms
         p.on_piece_done("c", 576, 576.0, 0.6)

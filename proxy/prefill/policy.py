@@ -63,7 +63,9 @@ class PrefillPolicy:
         or more when the fed request would otherwise take over `max_cold_factor` × its time
         alone, but never above BEHIND_SHARE: a request behind its bound shortens the streams'
         pauses, never removes them, so their longest gap stays about one piece. WHOLE (the rest
-        fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
+        fits one piece, or no option beats sending it), or the rest is under `cold_tokens` (what is
+        left is a short turn's work, which rule 1 sends at once; holding it keeps its user waiting
+        for nobody's gain): the real request is forwarded. HOLD: that
         plan is held like `defer` until the hold the strategy chose ends (then forwarded whole),
         or nobody generates (rule 7); the other plans go on meanwhile.
      7. `chunk`: as soon as nobody is generating, the chosen plan's rest goes at full speed:
@@ -391,6 +393,9 @@ class PrefillPolicy:
         if not self._use:
             return self._idle(shortest_rest(self._plans.values()), now)
         for held in sorted(self._plans.values(), key=HeldRequest.rest_key):
+            if held.rest < self._cfg.cold_tokens:
+                return self._release(held, held.release(
+                    f"its rest ({held.rest} tokens) is under cold_tokens"), now)
             if held.hold_until is not None:
                 if now < held.hold_until:
                     continue
