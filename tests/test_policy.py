@@ -688,14 +688,14 @@ class TestRule15WarmUps:
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         assert p.warm_load(0.0).cold_held
 
-    def test_a_prompt_computed_or_just_sent_pauses_them(self) -> None:
+    def test_a_request_just_sent_pauses_them_a_prompt_computed_does_not(self) -> None:
         p = policy()
         p.on_arrival("q", 50, 50, 10.0)
         load = p.warm_load(10.1)
-        assert load.prefilling and load.recheck_at == 10.0 + SENT_GRACE_S
-        assert not p.warm_load(10.0 + SENT_GRACE_S).prefilling
+        assert load.starting and load.recheck_at == 10.0 + SENT_GRACE_S
+        assert not p.warm_load(10.0 + SENT_GRACE_S).starting
         p.on_prefill_started("q", 10.6)
-        assert p.warm_load(11.0).prefilling
+        assert not p.warm_load(11.0).starting  # a piece may join its batch: <= max_stall_ms
 
     def test_a_warm_piece_in_flight_is_the_one_piece_and_takes_a_slot(self) -> None:
         """A cold request that arrives during a warm-up's piece is not on an idle server: it waits
@@ -751,4 +751,4 @@ class TestRule16Saves:
         p = policy()
         p.on_save_due("save-a", 0.0)
         load = p.warm_load(0.1)
-        assert load.busy and load.prefilling
+        assert load.busy and load.starting

@@ -101,7 +101,8 @@ class PrefillPolicy:
         out, is decided as it came (computed), with the reason.
     15. Warm-ups (the warm-up queue, proxy/warm/queue.py, decides which and how far) are the lowest
         priority: `warm_load` tells the queue what real requests do (a cold request held or a
-        restore waiting stops them; a prompt computed or just sent pauses them), `warm_sizer` sizes
+        restore waiting stops them; a request just sent pauses them: its prompt starts alone; a
+        piece may join a real prompt's batch, adding at most `max_stall_ms`), `warm_sizer` sizes
         their pieces from the same batch cost, and their pieces in flight (`on_warm_pieces`) count
         like a cold request's: a slot, and the one piece in flight (a cold request that arrives
         meanwhile is not on an idle server: it waits for that piece); each teaches the cost.
@@ -273,10 +274,10 @@ class PrefillPolicy:
 
     def warm_load(self, now: float) -> Load:
         """Rule 15: what real requests are doing, as the warm-up queue decides by it (a save in
-        flight pauses it like a prompt computed)."""
+        flight pauses it like a request just sent)."""
         grace = self._use.sent_grace_end()
         return Load(cold_held=bool(self._plans or self._restores or self._behind),
-                    prefilling=self._use.prefilling() or now < grace or self._saving is not None,
+                    starting=now < grace or self._saving is not None,
                     busy=bool(self._use) or self._saving is not None,
                     decoders=self._use.decoders(), recheck_at=grace if now < grace else None)
 

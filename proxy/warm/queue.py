@@ -50,8 +50,11 @@ class WarmQueue:
         refused call.
      4. One runs at a time, to its end; then the pending one with the fewest tokens to compute
         (then the oldest).
-     5. The lowest priority: no piece starts while a real cold request is held or fed, nor while a
-        real request computes its prompt or was just sent.
+     5. The lowest priority: no piece starts while a real cold request is held or fed, nor just
+        after a real request was sent (its prompt starts alone). A piece may join a batch where a
+        real prompt is computed: sized to `max_stall_ms`, it adds at most that to the prompt's time
+        (yielding to every prompt, as it once did, starved it on a busy day: bench day warmed 56
+        of a post-summary prompt's 2,479 tokens in the user's 4-8 s of typing).
      6. While others generate, each piece is followed by a pause of piece_time × (1 - share) /
         share, as `chunk` does; on an idle server pieces go back to back. The size is the Sizer's.
      7. A real request of the same conversation ends a pending or running warm-up (superseded) once
@@ -93,7 +96,7 @@ class WarmQueue:
         warm = self._next()
         if warm is None or warm.piece_upto is not None or warm.ending is not None:
             return out
-        if load.cold_held or load.prefilling or (load.busy and now < warm.next_piece_at):
+        if load.cold_held or load.starting or (load.busy and now < warm.next_piece_at):
             return out
         remaining = len(warm.ids) - warm.done_upto
         piece = max(1, sizer.piece(warm.done_upto, remaining, warm.largest_piece, load))

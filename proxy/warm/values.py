@@ -38,13 +38,14 @@ class Load:
 
     cold_held: bool = False
     """A real cold request is held or fed in pieces by the prefill policy."""
-    prefilling: bool = False
-    """A real request is computing its prompt, or was sent upstream a moment ago."""
+    starting: bool = False
+    """A real request was sent upstream a moment ago and its prompt is about to start (it starts
+    alone), or a save runs on the server's main loop: no piece now."""
     busy: bool = False
     """Real requests are in flight upstream (generating)."""
     decoders: int = 0
     recheck_at: float | None = None
-    """When `prefilling` may end with no event to say so (a just-sent request's grace)."""
+    """When `starting` may end with no event to say so (a just-sent request's grace)."""
 
 
 class Sizer(Protocol):
