@@ -322,7 +322,19 @@ class TestRule7Restore:
         busy_free = [slot(0, 400, 7), slot(1, 1009, 50), slot(2, 300, 3)]
         assert s.restore(chain(1100), "", 1100, 0, busy_free) == RestoreInto(1, saved_file(1024).name, 1024)
         s = with_files(saved_file(1024))
-        assert s.restore(chain(1100), "", 1100, 0, [slot(0, 400, 7), slot(2, 300, 3)]).slot == 2  # type: ignore[union-attr]
+        oldest = s.restore(chain(1100), "", 1100, 0, [slot(0, 400, 7), slot(2, 300, 3)])
+        assert oldest is not None and oldest.slot == 2
+
+    def test_what_it_displaces_is_counted_once_restored(self) -> None:
+        """A saved conversation's slot displaces nothing (its file holds it); an unsaved one's
+        tokens are lost: its next turn computes them again."""
+        s = with_files(saved_file(1024))
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 400, 7), slot(2, 300, 3)])
+        assert restore is not None and restore.displaced == 300 and s.displaced_tokens == 0
+        s.on_restored(restore, 1024, 8, 10.0)
+        assert s.displaced_tokens == 300
+        empty = with_files(saved_file(1024)).restore(chain(1100), "", 1100, 0, [slot(1, 0, 2)])
+        assert empty is not None and empty.displaced == 0
 
     def test_never_a_busy_slot_and_none_without_an_idle_one(self) -> None:
         s = with_files(saved_file(1024))

@@ -276,7 +276,9 @@ class Keeper:
                                                                - self.restore_ms_per_byte)
         rec.prompt_tokens, rec.restored_tokens = n_restored, restore.covered
         rec.kv_bytes = answer["n_read"] if isinstance(answer.get("n_read"), int) else size
-        self._record(rec, RESTORE_KIND, "done", None, 200)
+        displaced = (f"{restore.name}; displaced {restore.displaced} tokens of an unsaved "
+                     f"conversation from slot {restore.slot}") if restore.displaced else None
+        self._record(rec, RESTORE_KIND, "done", None, 200, displaced)
         self.shelf.write(list(self.store.files.values()))
         return None
 

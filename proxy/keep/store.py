@@ -26,7 +26,9 @@ Rules (tests/test_keep_store.py has one class per rule):
    its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
    idle slot no save or restore is using: an empty one first, then one whose conversation a file
    holds, then the one with the oldest task (the least loss). No such slot: no restore now (the
-   prefill policy's rule 14 waits for the next slot to come free).
+   prefill policy's rule 14 waits for the next slot to come free). What it displaces is counted:
+   the tokens of a conversation no file holds, which its next turn computes again
+   (`displaced_tokens`).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
    this server: another KV layout, a damaged file) deletes the file; one with no answer after which
@@ -79,6 +81,8 @@ class KeepStore:
         self.model: str | None = None
         self.saving: SaveSlot | None = None
         self.restoring: dict[int, RestoreInto] = {}
+        self.displaced_tokens = 0
+        """Tokens of unsaved conversations that restores pushed out of their slots (rule 7)."""
         self._tasks: dict[int, int | None] = {}  # each slot's task at the last read (rule 3)
 
     # ---- rule 1 ----------------------------------------------------------------------------------
@@ -227,13 +231,15 @@ class KeepStore:
             return None
         saved = {c.slot for c in self.conversations.values() if c.slot is not None and self.saved(c)}
         slot = min(idle, key=lambda s: (s.tokens > 0, s.id not in saved, -1 if s.task is None else s.task))
-        decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1])
+        decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1],
+                               displaced=slot.tokens if slot.id not in saved else 0)
         self.restoring[slot.id] = decision
         return decision
 
     def on_restored(self, restore: RestoreInto, n_restored: int, task: int | None,
                     now: float) -> None:
         self.release(restore)
+        self.displaced_tokens += restore.displaced
         f = self.files.get(restore.name)
         if f is None:
             return

@@ -221,6 +221,8 @@ class RestoreInto:
     slot: int
     name: str
     covered: int
+    displaced: int = 0
+    """Tokens the slot holds of a conversation no file keeps: lost (its next turn recomputes)."""
 
 
 @dataclass(frozen=True)

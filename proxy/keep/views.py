@@ -37,6 +37,7 @@ def status_view(store: KeepStore, probe: Probe, *, directory: str, problem: str 
         "saves": {o: saves.get(o, 0) for o in SAVE_OUTCOMES},
         "restores": {o: restores.get(o, 0) for o in RESTORE_OUTCOMES},
         "restored_tokens": restored_tokens,
+        "displaced_tokens": store.displaced_tokens,
     }
 
 
@@ -62,3 +63,7 @@ def keep_metrics(store: KeepStore, working: bool, saves: Mapping[str, int],
     yield CounterMetricFamily("slotwise_keep_kv_restored_tokens",
                               "Prompt tokens restored from files instead of recomputed",
                               value=restored_tokens)
+    yield CounterMetricFamily("slotwise_keep_kv_displaced_tokens",
+                              "Tokens of unsaved conversations restores pushed out of their slots "
+                              "(their next turns compute them again)",
+                              value=store.displaced_tokens)
