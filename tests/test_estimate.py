@@ -48,6 +48,14 @@ class TestCacheModel:
     def test_empty_model_caches_nothing(self) -> None:
         assert CacheModel(4, 8192).estimate_cached(seq(0, 1000)) == 0
 
+    def test_a_conversation_a_restore_displaced_is_forgotten(self) -> None:
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1000))
+        cache.record(seq(1, 1000))
+        cache.forget(block_hashes(seq(0, 1000)))
+        assert cache.estimate_cached(seq(0, 1000)) == 0
+        assert cache.estimate_cached(seq(1, 1000)) == 999  # the other slot's stays
+
     def test_longest_cached_prefix_to_the_token(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 1000))

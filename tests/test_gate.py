@@ -21,6 +21,7 @@ from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.request.endpoints import Kind
 from proxy.request.errors import Rejected
+from proxy.warm.values import Load, Sizer
 from tests.helpers import make_flight
 
 
@@ -157,15 +158,49 @@ class FakeSave:
     name: str
 
 
+class FakeWarmer:
+    """One warm-up piece, started at the first tick whose load lets it (the queue's rule 5), in
+    flight until the test ends it (`piece_done`)."""
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        self.wake = wake
+        self.wanted = False
+        self.in_flight = 0
+        self.loads: list[Load] = []
+        self.done: list[tuple[int, int, float]] = []
+
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
+        return None
+
+    def tick(self, load: Load, sizer: Sizer) -> float | None:
+        self.loads.append(load)
+        if self.wanted and not (load.cold_held or load.starting):
+            self.wanted, self.in_flight = False, 1
+        return None
+
+    def pieces_in_flight(self) -> int:
+        return self.in_flight
+
+    def done_pieces(self) -> list[tuple[int, int, float]]:
+        done, self.done = self.done, []
+        return done
+
+    def piece_done(self) -> None:
+        self.in_flight = 0
+        self.done.append((256, 0, 300.0))
+        self.wake.set()
+
+
 def make_rig(mode: str, *, slots: int | None = None, keeper: FakeKeeper | None = None,
-             **over: Any) -> Rig:
+             warm: FakeWarmer | None = None, **over: Any) -> Rig:
     config = [PrefillConfig(mode=mode, cold_tokens=1000, max_stall_ms=256.0, prefill_share=0.5,
                             max_waiting=1, max_hold_s=30.0, **over)]
     registry, clock = Registry(), Clock()
     estimator, feeder = FakeEstimator(slots), FakeFeeder()
     gate = PrefillGate(config=config[0], estimator=estimator,  # type: ignore[arg-type]
                        feeder=feeder, registry=registry, clock=clock,  # type: ignore[arg-type]
-                       keep=keeper, wake=keeper.wake if keeper is not None else None)
+                       keep=keeper, warm=warm,
+                       wake=keeper.wake if keeper is not None else warm.wake if warm else None)
     registry.subscribe(gate.on_phase)
     return Rig(gate, registry, clock, estimator, feeder, config)
 
@@ -440,6 +475,34 @@ async def test_a_save_goes_only_when_no_cold_request_waits_and_holds_one_that_co
         await settle()
         assert late.done() and d.prefill.held_ms == 500.0  # then d goes, at full speed
         assert d.prefill.note == "cold, nobody generating"
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_cold_arrival_during_a_warm_piece_waits_for_it_then_goes_at_full_speed() -> None:
+    """A warm-up's piece is the one piece in flight: the server is not idle for a cold request
+    that comes meanwhile; once the piece ends it goes as on an idle server, and the warm-ups stop
+    while it is held."""
+    warmer = FakeWarmer(asyncio.Event())
+    rig = make_rig("chunk", slots=4, warm=warmer)
+    loop = asyncio.create_task(rig.gate.run())
+    try:
+        warmer.wanted = True
+        warmer.wake.set()
+        await settle()
+        assert warmer.in_flight == 1
+        cold = asyncio.create_task(rig.gate.admit(c := flight(rig, "c"), {"n": 5000}))
+        await settle()
+        assert not cold.done() and c.phase is Phase.HELD and rig.feeder.pieces == []
+        assert c.prefill.note is None and warmer.loads[-1].cold_held  # warm-ups stop behind it
+        rig.clock.now = 0.3
+        warmer.piece_done()
+        await settle()
+        assert rig.feeder.prompts == [5000]  # alone now: its first piece goes, back to back
+        cold.cancel()
+        await asyncio.gather(cold, return_exceptions=True)
+        assert rig.feeder.cancelled == 1
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)

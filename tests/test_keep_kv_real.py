@@ -138,6 +138,34 @@ def test_a_saved_conversation_is_restored_after_a_restart(
     assert [r["outcome"] for r in restores] == ["done"] and restores[0]["kv_bytes"] > 0
 
 
+def test_a_warm_up_of_a_returning_conversation_restores_its_file(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    """The chat app warms a conversation when its user opens it (docs/warm.md): after a restart
+    its kept file is restored then, not computed, and the turn that follows finds it in a slot."""
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), warm={"enabled": True})
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(3, 13)
+    cold = ask(proxy, turn(talk, "first"))
+    saved(proxy)
+
+    restart(server)
+    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    asked = call("POST", proxy.url + "/slotwise/warm/v1/chat/completions", {"messages": talk})
+    assert asked.status_code == 202, asked.content[:300]
+    warm_id = asked.json()["id"]
+    wait_for(lambda: any(r["id"] == warm_id for r in read_records(proxy)))
+    [warmed] = [r for r in read_records(proxy) if r["id"] == warm_id]
+    assert warmed["outcome"] == "done", warmed["policy_note"]
+    assert warmed["restored_tokens"] >= cold["prompt_tokens"] - 64
+    assert warmed["fed_tokens"] < 100  # the file's tokens were restored, not computed
+    assert [r["outcome"] for r in read_records(proxy) if r["kind"] == "kv_restore"] == ["done"]
+    after = ask(proxy, turn(talk, "second"))
+    assert after["restored_tokens"] == 0  # in a slot already
+    assert after["timings"]["prompt_n"] < 100 and after["timings"]["cache_n"] >= cold["prompt_tokens"] - 64
+
+
 def test_nothing_is_saved_while_a_request_is_in_flight(
         start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
     server = start_llama_server(lora=False, args=server_args(save_dir))

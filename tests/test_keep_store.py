@@ -325,6 +325,28 @@ class TestRule7Restore:
         oldest = s.restore(chain(1100), "", 1100, 0, [slot(0, 400, 7), slot(2, 300, 3)])
         assert oldest is not None and oldest.slot == 2
 
+    def test_an_unsaved_conversation_it_would_displace_is_saved_first(self) -> None:
+        s = with_files(saved_file(1024, seed=5))
+        name = ended(s, 700, seed=2)
+        s.on_slots([slot(0, 709, 4)], 1.0, quiet=False)  # placed in slot 0, not saved yet
+        restore = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 709, 4)])
+        assert restore is not None and restore.slot == 0 and restore.displaced == 709
+        save = s.displaced_save(restore)
+        assert save == SaveSlot(slot=0, name=name, tokens=709) and s.saving == save
+        assert s.displaced_save(restore) is None  # one save at a time
+        s.on_saved(save, 709, 500, 2.0, digest="d" * 64)
+        assert name in s.files
+
+    def test_nothing_to_save_first_in_an_empty_slot_or_under_min_tokens(self) -> None:
+        s = with_files(saved_file(1024, seed=5))
+        empty = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(1, 0, 2)])
+        assert empty is not None and s.displaced_save(empty) is None
+        s = with_files(saved_file(1024, seed=5))
+        ended(s, 100, seed=2)
+        s.on_slots([slot(0, 109, 4)], 1.0, quiet=False)
+        small = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 109, 4)])
+        assert small is not None and small.displaced == 109 and s.displaced_save(small) is None
+
     def test_what_it_displaces_is_counted_once_restored(self) -> None:
         """A saved conversation's slot displaces nothing (its file holds it); an unsaved one's
         tokens are lost: its next turn computes them again."""

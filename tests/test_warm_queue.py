@@ -18,6 +18,7 @@ from proxy.warm.values import (
     Knobs,
     Load,
     Outcome,
+    RestoreKept,
     WarmRefused,
     WarmUp,
 )
@@ -341,3 +342,45 @@ class TestRule9CancelAndFailure:
         assert ended(q.on_piece_failed("w", "HTTP 500", 1.0)) == ["w"]
         assert q.warmups["w"].outcome is Outcome.FAILED and "HTTP 500" in q.warmups["w"].reason
 
+
+
+class TestRule10KeptFiles:
+    def kept(self, restorable: int = 2900) -> WarmQueue:
+        q = WarmQueue()
+        q.submit(WarmUp(id="w", client=None, ids=conv(3000), cached=0, submitted=0.0,
+                        restorable=restorable), KNOBS, 0.0)
+        return q
+
+    def test_a_kept_file_is_restored_before_any_piece_and_then_it_is_done(self) -> None:
+        q = self.kept(2990)
+        assert q.on_tick(IDLE, Pieces(), KNOBS, 0.0) == [RestoreKept("w")]
+        assert q.warmups["w"].state == "running" and q.on_tick(IDLE, Pieces(), KNOBS, 0.1) == []
+        assert q.on_restored("w", 2990, 0.2) == [Ended("w")]  # 10 left: < MIN_TOKENS
+        w = q.warmups["w"]
+        assert w.outcome is Outcome.DONE and w.reason == "restored 2990 tokens from a kept file"
+        assert w.restored == 2990 and w.computed == 0 and w.pieces == 0
+
+    def test_the_rest_goes_on_in_pieces_after_what_the_file_held(self) -> None:
+        q = self.kept(2000)
+        q.on_tick(IDLE, Pieces(), KNOBS, 0.0)
+        assert q.on_restored("w", 2000, 0.2) == []
+        assert feed(q, now=0.3).upto == 2496  # 2,000 + 512, down to a multiple of 64
+
+    def test_under_rule_5_s_conditions(self) -> None:
+        q = self.kept()
+        assert q.on_tick(Load(cold_held=True), Pieces(), KNOBS, 0.0) == []
+        assert q.on_tick(Load(starting=True), Pieces(), KNOBS, 0.0) == []
+
+    def test_no_restore_after_all_leaves_it_to_compute(self) -> None:
+        q = self.kept()
+        q.on_tick(IDLE, Pieces(), KNOBS, 0.0)
+        assert q.on_restore_failed("w", 0.2) == []
+        assert feed(q, now=0.3).upto == 512  # from where it was, and never restored again
+
+    def test_a_real_request_waits_for_the_restore_in_flight_then_ends_it(self) -> None:
+        q = self.kept()
+        q.on_tick(IDLE, Pieces(), KNOBS, 0.0)
+        decisions, wait = q.claim(conv(3100), 0.1)
+        assert decisions == [] and wait == ["w"]
+        assert q.on_restored("w", 2900, 0.2) == [Ended("w")]
+        assert q.warmups["w"].outcome is Outcome.SUPERSEDED

@@ -106,6 +106,13 @@ class CacheModel:
         self._entries.append(_Entry(ids, chain))
         self._evict()
 
+    def forget(self, chain: Sequence[int]) -> None:
+        """A conversation left the server (a restore took its slot): the entries holding most of
+        its block chain go."""
+        blocks = list(chain)
+        self._entries = [e for e in self._entries
+                         if 2 * _common_blocks(e.chain, blocks) < max(1, len(blocks))]
+
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""
         self._entries.clear()

@@ -37,7 +37,7 @@ def keep_status(app: web.Application) -> dict[str, object]:
     if KEEPER not in app:
         return {"enabled": False, "note": "keep_kv.enabled is false"}
     k = app[KEEPER]
-    return status_view(k.store, k.probe, directory=str(k.shelf.dir), problem=k.shelf.problem,
+    return status_view(k.store, k.probe, directory=str(k.files.dir), problem=k.files.shelf.problem,
                        saves=k.saves, restores=k.restores, restored_tokens=k.restored_tokens,
                        now=k.now())
 

@@ -17,6 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from aiohttp import web
 
 from proxy.config import KeepKvConfig
 from proxy.estimate import Estimate, block_hashes, estimate
-from proxy.keep import index
+from proxy.keep.files import KeptFiles
 from proxy.keep.probe import UNKNOWN, Probe, probe
 from proxy.keep.record import RESTORE_KIND, SAVE_KIND, kv_flight, kv_record
 from proxy.keep.store import KeepStore
@@ -34,7 +35,6 @@ from proxy.keep.values import (
     ForgetCache,
     KeepFile,
     RestoreInto,
-    SavedFile,
     SaveSlot,
     SlotState,
     client_digest,
@@ -46,6 +46,7 @@ from proxy.prefill.estimator import Estimator
 from proxy.prefill.events import Restorable
 from proxy.prefill.hooks import Restored
 from proxy.record.flight import Flight, Phase
+from proxy.request.endpoints import Kind
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamCallError
 
@@ -75,12 +76,10 @@ class Keeper:
         self._estimator = estimator
         self._wall = wall
         cfg = state.config.keep_kv
-        self.shelf = index.Shelf(Path(cfg.dir))
         self.store = KeepStore(knobs(cfg))
+        self.files = KeptFiles(Path(cfg.dir), self.store)
         self.probe: Probe = UNKNOWN
         self._flights: dict[Flight, tuple[tuple[int, ...], str, int]] = {}  # until they end
-        self._stamps: dict[str, index.Stamp] = {}
-        """Each file's stamp when its bytes were last hashed (unchanged: not hashed again)."""
         self._wake = wake if wake is not None else asyncio.Event()
         """The scheduler's wake-up (set when a look is wanted at once)."""
         self._ready = False
@@ -114,39 +113,12 @@ class Keeper:
 
     def load(self) -> None:
         """The index and the files on disk (rule 10 of the store)."""
-        files, on_disk = self.shelf.load()
-        self._apply_now(self.store.load(files, on_disk, self._wall()))
-
-    async def check_all(self) -> None:
-        """Hash every kept file once (in a thread, most recently used first): a damaged one is
-        deleted now rather than found when its conversation returns."""
-        adopted = False
-        for saved in sorted(self.store.files.values(), key=lambda f: -f.last_used):
-            checked = await asyncio.to_thread(index.check, self.shelf.dir / saved.name, saved, None)
-            adopted |= self._checked(saved, checked)
-            if checked.problem is not None:
-                log.warning("keep_kv: %s is damaged (%s): deleting it", saved.name, checked.problem)
-                self._apply_now(self.store.on_damaged(saved.name, checked.problem))
-        if adopted:
-            self.shelf.write(list(self.store.files.values()))
-        if names := index.quarantined(self.shelf.dir):
-            self.shelf.report(f"{len(names)} quarantined files in {self.shelf.dir} (their restore "
-                              f"left llama-server without an answer): {', '.join(names[:3])}; look "
-                              "at them or delete them")
-
-    def _checked(self, saved: SavedFile, checked: index.Checked) -> bool:
-        """Remember a good check's stamp; True when it gave an index entry its first digest."""
-        if checked.stamp is None or self.store.files.get(saved.name) is not saved:
-            return False
-        self._stamps[saved.name] = checked.stamp
-        adopted = not saved.digest
-        saved.digest = checked.digest
-        return adopted
+        self.files.load(self._wall())
 
     async def start(self) -> None:
         """Probe until llama-server answers; say once whether saving works."""
         while self.probe.working is None:
-            self.probe = await probe(self._state.upstream, self.shelf.dir)
+            self.probe = await probe(self._state.upstream, self.files.dir)
             if self.probe.working is None:
                 log.debug("keep_kv: %s", self.probe.note)
                 await asyncio.sleep(PROBE_RETRY_S)
@@ -156,7 +128,7 @@ class Keeper:
         log.info("keep_kv: %s; %d saved conversations (%.2f GB)", self.probe.note,
                  len(self.store.files), self.store.disk_bytes() / 1e9)
         if not self.probe.private:
-            self.shelf.report(self.probe.note)
+            self.files.shelf.report(self.probe.note)
         if self.probe.model is not None:  # a working probe always read it
             self._apply_now(self.store.set_model(self.probe.model))
 
@@ -169,7 +141,8 @@ class Keeper:
         if not self.working or not ids:
             return est, None
         chain, variant = tuple(block_hashes(ids)), self._variant(flight)
-        self._flights[flight] = (chain, variant, len(ids))
+        if flight.kind is not Kind.OTHER:  # a warm-up never ends as a request: nothing to place
+            self._flights[flight] = (chain, variant, len(ids))
         # Asked as if nothing were cached: after a restart of llama-server the cache model is stale
         # until `/slots` shows it, and that read (a few ms, answered mid-decode) comes next.
         if self.store.candidate(chain, variant, len(ids), 0) is None:
@@ -214,8 +187,9 @@ class Keeper:
                 return Restored(est, None, done=True)
             return Restored(est, f"no idle slot to restore {found[0].name} into", done=False,
                             no_slot=True)
-        if (damage := await self._check(restore)) is not None:
+        if (damage := await self.files.check(restore)) is not None:
             return Restored(est, f"{restore.name} is damaged ({damage}): deleted", done=False)
+        restore = await self._make_room(restore)
         task = next((s.task for s in slots if s.id == restore.slot), None)
         why = await self._restore_call(flight, restore, task)
         if why is not None:
@@ -225,25 +199,18 @@ class Keeper:
         self.restored_tokens += restore.covered
         return Restored(estimate(ids, self._estimator.cache), None, done=True)
 
-    async def _check(self, restore: RestoreInto) -> str | None:
-        """Whether the file still holds the bytes saved; what is wrong with it (then deleted)."""
-        saved = self.store.files.get(restore.name)
-        if saved is None:  # deleted meanwhile
-            self.store.release(restore)
-            return "deleted meanwhile"
-        try:
-            checked = await asyncio.to_thread(index.check, self.shelf.dir / saved.name, saved,
-                                              self._stamps.get(saved.name))
-        except BaseException:
-            self.store.release(restore)
-            raise
-        if self._checked(saved, checked):
-            self.shelf.write(list(self.store.files.values()))
-        if checked.problem is None:
-            return None
-        log.warning("keep_kv: %s is damaged (%s): deleting it", saved.name, checked.problem)
-        self._apply_now(self.store.on_damaged(saved.name, checked.problem))
-        return checked.problem
+    async def _make_room(self, restore: RestoreInto) -> RestoreInto:
+        """The conversation in the slot leaves the server's cache model; saved first when no file
+        holds it (the store's rule 7): then the restore displaces nothing."""
+        leaving = self.store.in_slot(restore.slot)
+        if leaving is None:
+            return restore
+        self._estimator.cache.forget(leaving.chain)
+        if (save := self.store.displaced_save(restore)) is not None:
+            await self.save(save)
+            if save.name in self.store.files:
+                return replace(restore, displaced=0)
+        return restore
 
     async def _restore_call(self, flight: Flight, restore: RestoreInto, task: int | None) -> str | None:
         """The restore and its record; why it failed, or None."""
@@ -279,7 +246,7 @@ class Keeper:
         displaced = (f"{restore.name}; displaced {restore.displaced} tokens of an unsaved "
                      f"conversation from slot {restore.slot}") if restore.displaced else None
         self._record(rec, RESTORE_KIND, "done", None, 200, displaced)
-        self.shelf.write(list(self.store.files.values()))
+        self.files.write_index()
         return None
 
     # ---- requests that end ------------------------------------------------------------------------
@@ -310,7 +277,7 @@ class Keeper:
         if not self.working:
             return
         try:
-            await self.check_all()
+            await self.files.check_all()
         except Exception:  # every restore checks its file anyway
             log.exception("keep_kv: checking the kept files failed inside slotwise")
         self._ready = True
@@ -356,10 +323,8 @@ class Keeper:
         return min(max(wait, PLACE_POLL_S), MAX_POLL_S)
 
     async def save(self, save: SaveSlot) -> None:
-        """Run a save the policy let go (rule 16)."""
-        await self._save(save)
-
-    async def _save(self, save: SaveSlot) -> None:
+        """Run a save the policy let go (rule 16): llama-server writes it, slotwise seals and keeps
+        it, and writes its record."""
         rec = self._flight("kv-save", save.slot, "save", save.name, None)
         try:
             answer = await self._state.upstream.post_json(
@@ -373,17 +338,16 @@ class Keeper:
             self._record(rec, SAVE_KIND, "failed", str(exc), exc.status)
             return
         try:
-            size, digest, stamp = await asyncio.to_thread(index.seal, self.shelf.dir / save.temp)
+            size, digest = await self.files.seal(save.temp, save.name)
         except OSError as exc:
             self.store.on_save_failed(save)
             self._apply_now([Delete(save.temp, "the save cannot be checked")])
             problem = ("not in keep_kv.dir" if isinstance(exc, FileNotFoundError)
                        else f"cannot be read by slotwise: {exc.strerror}")
             self._record(rec, SAVE_KIND, "failed", f"llama-server saved {save.temp}, but it is "
-                                                    f"{problem} ({self.shelf.dir})", 200)
+                                                    f"{problem} ({self.files.dir})", 200)
             return
         decisions = self.store.on_saved(save, n_saved, size, self._wall(), digest=digest)
-        self._stamps[save.name] = stamp
         rec.prompt_tokens, rec.kv_bytes = n_saved, size
         kept = any(isinstance(d, KeepFile) for d in decisions)
         self._apply_now(decisions)
@@ -400,7 +364,7 @@ class Keeper:
             log.info("keep_kv: llama-server restarted: its cache is empty; %d saved conversations "
                      "remain on disk", len(self.store.files))
             self._estimator.cache.clear()
-        self.store.forget(self.shelf.apply(decisions, list(self.store.files.values())))
+        self.files.apply(decisions)
 
     def _variant(self, flight: Flight) -> str:
         """What a conversation's KV is kept under besides its prefix: its LoRA settings, and with

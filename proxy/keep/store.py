@@ -26,9 +26,11 @@ Rules (tests/test_keep_store.py has one class per rule):
    its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
    idle slot no save or restore is using: an empty one first, then one whose conversation a file
    holds, then the one with the oldest task (the least loss). No such slot: no restore now (the
-   prefill policy's rule 14 waits for the next slot to come free). What it displaces is counted:
-   the tokens of a conversation no file holds, which its next turn computes again
-   (`displaced_tokens`).
+   prefill policy's rule 14 waits for the next slot to come free). A conversation no file holds in
+   the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one save at a
+   time: a save costs a stall of about a second, recomputing it tens of seconds (llama-server's own
+   slot choice would have copied it to its RAM cache; a restore does not). What it still displaces
+   is counted (`displaced_tokens`): its next turn computes it again.
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
    this server: another KV layout, a damaged file) deletes the file; one with no answer after which
@@ -235,6 +237,20 @@ class KeepStore:
                                displaced=slot.tokens if slot.id not in saved else 0)
         self.restoring[slot.id] = decision
         return decision
+
+    def displaced_save(self, restore: RestoreInto) -> SaveSlot | None:
+        """Rule 7: the unsaved conversation `restore` would push out of its slot, to save first
+        (None: nothing worth it, or another save runs)."""
+        conv = self.in_slot(restore.slot)
+        if (conv is None or self.saved(conv) or conv.given_up or self.saving is not None
+                or conv.slot_tokens < self.knobs.min_tokens):
+            return None
+        self.saving = SaveSlot(slot=restore.slot, name=conv.name, tokens=conv.slot_tokens)
+        return self.saving
+
+    def in_slot(self, slot: int) -> Conversation | None:
+        """The conversation known to be in `slot` now."""
+        return next((c for c in self.conversations.values() if c.slot == slot), None)
 
     def on_restored(self, restore: RestoreInto, n_restored: int, task: int | None,
                     now: float) -> None:

@@ -47,7 +47,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     policy = PrefillPolicy(config.prefill, n_batch=config.prefill.n_batch)
     feeder, wake = PieceFeeder(state.upstream), asyncio.Event()
     keeper = Keeper(state, estimator, wake=wake) if config.keep_kv.enabled else None
-    warmer = Warmer(state, estimator, feeder, wake)
+    warmer = Warmer(state, estimator, feeder, wake, keep=keeper)
     gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,
                        registry=state.registry, clock=state.clock, policy=policy, keep=keeper,
                        warm=warmer, wake=wake)

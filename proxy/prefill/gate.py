@@ -3,10 +3,10 @@
 It estimates each request (whenever a feature needs it: `chunk`, `defer`, or kept KV), asks the
 keeper what a kept file could spare it, tells the pure `PrefillPolicy` what happened (arrivals,
 phase changes from the registry, pieces, restores, clients leaving, ticks) and applies what it
-answers: a future per held request, a task per piece, restore or save in flight, and the one
-background loop that acts on llama-server's time: it ticks the policy at its next wakeup, gives the
-warm-up queue its turn and runs the keeper's looks at the slots (the saves they find due go only
-when the policy says so). The keeper and the warm-ups come in as constructor arguments (`hooks.py`).
+answers: a future per held request, a task per piece or restore in flight, and the one background
+loop that acts on llama-server's time: it ticks the policy at its next wakeup and gives the warm-ups
+and the keeper's looks and saves their turn (`sharers.py`). The keeper and the warm-ups come in as
+constructor arguments (`hooks.py`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from proxy.prefill.events import (
     Save,
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
-from proxy.prefill.hooks import DueSave, KeepHook, Restored, WarmHook
+from proxy.prefill.hooks import KeepHook, Restored, WarmHook
 from proxy.prefill.policy import PrefillPolicy
+from proxy.prefill.sharers import Sharers
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.inflight import Registry
@@ -93,8 +94,8 @@ class PrefillGate:
         self._keep = keep
         """What a kept file could spare a request, and its restore when the policy says so; its
         looks at the slots and its saves run in this gate's loop."""
-        self._look: asyncio.Task[None] | None = None
-        self._saves: dict[str, tuple[DueSave, asyncio.Task[None] | None]] = {}
+        self._sharers = Sharers(self._policy, clock, self._wake, self._apply, keep=keep, warm=warm)
+        """The warm-ups and the keeper's looks and saves, in this gate's loop."""
 
     @property
     def policy(self) -> PrefillPolicy:
@@ -121,7 +122,7 @@ class PrefillGate:
         if self._keep is not None and ids:  # keep_kv (proxy/keep)
             est, restorable = await self._keep.restorable(flight, ids, est)
         self._policy.set_slots(self._estimator.layout.slots)
-        self._sync_warm()
+        self._sharers.sync_warm()
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request
         self._keys[flight] = key
@@ -211,7 +212,7 @@ class PrefillGate:
                 case Restore():
                     self._start_restore(decision)
                 case Save():
-                    self._start_save(decision)
+                    self._sharers.start_save(decision)
                 case CancelPiece():
                     request = self._deciding.get(decision.req_id)
                     if request is not None and request.piece is not None:
@@ -249,58 +250,6 @@ class PrefillGate:
         else:
             self._apply(self._policy.on_restore_failed(request.key, restored.problem or "failed",
                                                        now, no_slot=restored.no_slot))
-
-    # ---- saves (keep_kv, the policy's rule 16) -------------------------------------------------
-
-    def _tick_keep(self) -> float | None:
-        """The keeper's turn: a look at the slots when it wants one (none while one runs or a save
-        does); returns when it wants the next."""
-        keep = self._keep
-        if keep is None or self._look is not None or self._saves:
-            return None
-        in_s = keep.next_look_in(quiet=self._policy.save_ok())
-        if in_s is None:
-            return None
-        if in_s > 0:
-            return self._clock() + in_s
-        self._look = asyncio.create_task(self._look_at_slots(keep), name="slotwise-keep-look")
-        return None
-
-    async def _look_at_slots(self, keep: KeepHook[Any]) -> None:
-        try:
-            save = await keep.look(quiet=self._policy.save_ok())
-        finally:
-            self._look = None
-            self._wake.set()
-        if save is None:
-            return
-        key = f"save-{save.name}"
-        decisions = self._policy.on_save_due(key, self._clock())
-        if not decisions:  # somebody came meanwhile: the server is not quiet now
-            keep.save_dropped(save)
-            return
-        self._saves[key] = (save, None)
-        self._apply(decisions)
-
-    def _start_save(self, decision: Save) -> None:
-        entry = self._saves.get(decision.req_id)
-        if entry is None or self._keep is None:  # cannot happen: only asked for with a keeper
-            log.error("the policy saved %s, which the gate cannot", decision.req_id)
-            return
-        task = asyncio.create_task(self._save(decision.req_id, entry[0], self._keep),
-                                   name=f"slotwise-{decision.req_id}")
-        self._saves[decision.req_id] = (entry[0], task)
-
-    async def _save(self, key: str, save: DueSave, keep: KeepHook[Any]) -> None:
-        started = self._clock()
-        try:
-            await keep.save(save)
-        except Exception:  # a bug must not keep the server counted busy
-            log.exception("keep_kv: saving %s failed inside slotwise", save.name)
-        finally:
-            self._saves.pop(key, None)
-            now = self._clock()
-            self._apply(self._policy.on_save_done(key, (now - started) * 1000.0, now))
 
     def _log_choice(self, request: _Request) -> None:
         """One line when a cold request's way on changes (a strategy, or a piece size band), so the
@@ -347,35 +296,15 @@ class PrefillGate:
     def tick(self) -> None:
         self._apply(self._policy.on_tick(self._clock()))
 
-    def _sync_warm(self) -> None:
-        """Tell the policy what the warm-ups' pieces did (rule 15)."""
-        if self._warm is None:
-            return
-        for prompt_n, cache_n, batch_ms in self._warm.done_pieces():
-            self._policy.on_warm_piece_done(prompt_n, cache_n, batch_ms)
-        decisions = self._policy.on_warm_pieces(self._warm.pieces_in_flight(), self._clock())
-        if decisions:
-            self._apply(decisions)
-
-    def _tick_warm(self) -> float | None:
-        """The warm-up queue's turn, under what the policy says real requests are doing."""
-        if self._warm is None:
-            return None
-        self._sync_warm()
-        policy = self._policy
-        wakeup = self._warm.tick(policy.warm_load(self._clock()), policy.warm_sizer())
-        self._sync_warm()  # a piece it just started counts at once
-        return wakeup
-
     async def run(self) -> None:
         """The one loop acting on llama-server's time: the warm-ups' turn, the keeper's, then the
         policy's tick at its next wakeup; any decision applied, a request's phase, a warm piece's
         end or a look's wakes it."""
         while True:
             self._wake.clear()
-            warm_at, keep_at = self._tick_warm(), self._tick_keep()
-            wakeup = min((t for t in (self._policy.next_wakeup(), warm_at, keep_at)
-                          if t is not None), default=None)
+            sharers_at = self._sharers.tick()
+            wakeup = min((t for t in (self._policy.next_wakeup(), sharers_at) if t is not None),
+                         default=None)
             delay = None if wakeup is None else wakeup - self._clock()
             if delay is None or delay > 0:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
@@ -392,9 +321,7 @@ class PrefillGate:
         """Stop the pieces in flight (their connections close; the server cancels them)."""
         tasks = [task for r in self._deciding.values() for task in (r.piece, r.restore)
                  if task is not None and not task.done()]
-        tasks += [task for _, task in self._saves.values() if task is not None and not task.done()]
-        if self._look is not None:
-            tasks.append(self._look)
+        tasks += self._sharers.tasks()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,7 +1,7 @@
-"""The prefill policy: when, and in what pieces, a cold prompt reaches the server.
-
-Pure and synchronous: events in, decisions out; no I/O, no clock (every call takes `now`), no log.
-The async gate applies the decisions and reports what happened back as events.
+"""The prefill policy, the one decider of llama-server's time: when, and in what pieces, a cold
+prompt reaches the server, and when restores, saves and warm-ups may use it (their own choices are
+the keep store's and the warm-up queue's). Pure and synchronous: events in, decisions out; no I/O,
+no clock (every call takes `now`), no log. The cold plans' turn is `plans.py`'s.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from proxy.prefill.events import (
     Restore,
     Save,
 )
-from proxy.prefill.held import HeldRequest, shortest_rest
-from proxy.prefill.outlook import ChunkKnobs, Situation
-from proxy.prefill.pacing import BEHIND_SHARE, WarmSizer, idle_piece, pieces_share
+from proxy.prefill.held import HeldRequest
+from proxy.prefill.pacing import WarmSizer
+from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import RestoreLine, wait_s
 from proxy.prefill.server_use import ServerUse
-from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
 from proxy.record.flight import Phase
 from proxy.warm.values import Load, Sizer
 
@@ -122,11 +120,10 @@ class PrefillPolicy:
         self._cost = cost if cost is not None else BatchCostModel()
         self._slots = slots
         self._use = ServerUse()
-        self._plans: dict[str, HeldRequest] = {}  # cold requests held or fed, in arrival order
+        self._plans = ColdPlans()  # rules 4-8 (plans.py)
         self._restores = RestoreLine()
         self._behind: dict[str, Arrived] = {}  # held while a slot is claimed for a restore
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
-        self._next_piece_at = 0.0
         self._warm_pieces = 0
         self._saving: str | None = None
         self.save_ms: float | None = None
@@ -191,16 +188,8 @@ class PrefillPolicy:
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
                       now: float) -> list[Decision]:
-        held = self._plans.get(req_id)
-        if held is None or held.piece_upto is None:
+        if not self._plans.piece_done(self._server(), req_id, tokens, elapsed_ms, now):
             return []
-        self._cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms, self._use.decoders())
-        held.done_upto, held.piece_upto = held.piece_upto, None
-        held.pieces_done += 1
-        held.largest_piece = max(held.largest_piece or 0, tokens)
-        share = self._share(held, now)
-        held.behind = share >= 1.0
-        self._next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return self._advance(now)
 
     def on_warm_pieces(self, in_flight: int, now: float) -> list[Decision]:
@@ -228,7 +217,7 @@ class PrefillPolicy:
         return self._advance(now)
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        held = self._plans.get(req_id)
+        held = self._plans.held.get(req_id)
         if held is None:
             return []
         held.piece_upto = None
@@ -238,7 +227,7 @@ class PrefillPolicy:
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
         self._notes.pop(req_id, None)
-        held = self._plans.pop(req_id, None)
+        held = self._plans.held.pop(req_id, None)
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
@@ -256,7 +245,7 @@ class PrefillPolicy:
         self._cfg, self._n_batch = config, config.n_batch
         out: list[Decision] = []
         if config.mode == "off":
-            for held in list(self._plans.values()):
+            for held in list(self._plans.held.values()):
                 out.extend(self._release(held, held.release("prefill.mode off (reload)"), now))
         return [*out, *self._advance(now)]
 
@@ -264,7 +253,8 @@ class PrefillPolicy:
 
     def next_wakeup(self) -> float | None:
         """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
-        times = [t for t in (self._restores.next_wakeup(), self._plans_wakeup()) if t is not None]
+        times = [t for t in (self._restores.next_wakeup(), self._plans.next_wakeup(self._server()))
+                 if t is not None]
         return min(times, default=None)
 
     def save_ok(self) -> bool:
@@ -286,26 +276,15 @@ class PrefillPolicy:
         cfg = self._cfg
         return WarmSizer(self._cost.cost, cfg.max_stall_ms, self._n_batch, cfg.prefill_share)
 
-    def choice(self, done_tokens: int, remaining_tokens: int,
-               largest_piece: int | None = None) -> PieceChoice:
-        """How a cold request at this point would go on now (rule 6), from the fitted cost."""
-        knobs = ChunkKnobs(max_stall_ms=self._cfg.max_stall_ms, n_batch=self._n_batch,
-                           prefill_share=self._cfg.prefill_share,
-                           max_hold_ms=self._cfg.max_hold_s * 1000.0)
-        situation = Situation(done_tokens=done_tokens, remaining_tokens=remaining_tokens,
-                              decoders=self._use.decoders(), largest_piece=largest_piece,
-                              probe=self._cost.needs_probe())
-        return choose_piece(self._cost.cost, situation, knobs)
-
     def snapshot(self) -> PolicySnapshot:
-        active = self._active()
+        active = self._plans.active()
         waiting = tuple(r for r in self._plans if active is None or r != active.req.req_id)
         others = tuple(self._restores.waiting) + tuple(self._behind)
         return PolicySnapshot(
             mode=self._cfg.mode,
             held=((active.req.req_id,) if active else ()) + waiting + others,
             waiting=waiting,
-            chunking=(active.progress(self._next_piece_at) if active and self._cfg.mode == "chunk"
+            chunking=(active.progress(self._plans.next_piece_at) if active and self._cfg.mode == "chunk"
                       else None),
             in_flight=tuple(self._use.phases.items()),
             cost=self._cost.describe(),
@@ -333,7 +312,7 @@ class PrefillPolicy:
         why = ("waiting for its turn" if self._plans else "others generating" if self._use
                else "a warm-up's piece in flight" if self._warm_pieces
                else "a save of kept KV in flight")
-        self._plans[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
+        self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
         return [Hold(req_id, why), *self._advance(now)]
 
     def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
@@ -343,7 +322,7 @@ class PrefillPolicy:
     def _release(self, held: HeldRequest, decision: Admit | Forward, now: float) -> list[Decision]:
         """End a plan: its request goes upstream and counts as generating from now on."""
         req_id = decision.req_id
-        self._plans.pop(req_id, None)
+        self._plans.held.pop(req_id, None)
         self._use.sent(req_id, now)
         reason = self._noted(req_id, decision.reason)
         return [Admit(req_id, reason) if isinstance(decision, Admit) else Forward(req_id, reason)]
@@ -384,86 +363,18 @@ class PrefillPolicy:
         return [d for req in behind for d in self._arrive(req, now)]
 
     def _plan_step(self, now: float) -> list[Decision]:
-        if not self._plans:
+        step = self._plans.step(self._server(), now)
+        if step is None:
             return []
-        if self._cfg.mode == "defer":
-            return self._defer_step(now)
-        if (self._warm_pieces or self._saving
-                or any(p.piece_upto is not None for p in self._plans.values())):
-            return []
-        if not self._use:
-            return self._idle(shortest_rest(self._plans.values()), now)
-        for held in sorted(self._plans.values(), key=HeldRequest.rest_key):
-            if held.rest < self._cfg.cold_tokens:
-                return self._release(held, held.release(
-                    f"its rest ({held.rest} tokens) is under cold_tokens"), now)
-            if held.hold_until is not None:
-                if now < held.hold_until:
-                    continue
-                return self._release(held, held.release("held as the batch cost chose"), now)
-            choice = held.choice = self.choice(held.done_upto, held.rest, held.largest_piece)
-            if choice.strategy is Strategy.WHOLE:
-                return self._release(held, held.release(choice.reason), now)
-            if choice.strategy is Strategy.HOLD:
-                held.hold_until = now + choice.hold_ms / 1000.0
-                continue
-            if self._piece_waits(held, now):
-                return []
-            held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
-            return [FeedPiece(held.req.req_id, held.piece_upto)]
-        return []
+        if isinstance(step, FeedPiece):
+            return [step]
+        return self._release(*step, now)
 
-    def _defer_step(self, now: float) -> list[Decision]:
-        for held in self._plans.values():
-            if now >= held.deadline:
-                return self._release(held, Admit(held.req.req_id, "held prefill.max_hold_s"), now)
-        if self._use or self._saving:
-            return []
-        held = shortest_rest(self._plans.values())
-        return self._release(held, Admit(held.req.req_id, "held until others finished"), now)
-
-    def _piece_waits(self, held: HeldRequest, now: float) -> bool:
-        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
-        return now < self._next_piece_at or (not held.behind and (
-            self._use.prefilling() or now < self._use.sent_grace_end()))
-
-    def _idle(self, held: HeldRequest, now: float) -> list[Decision]:
-        """Rule 7: nobody generates: the rest whole if it is short, else an idle piece."""
-        piece = idle_piece(self._cost.cost, self._cfg, self._n_batch, held, held.rest)
-        if piece is None:
-            return self._release(held, held.release("nobody generating"), now)
-        held.piece_upto = next_upto(held.done_upto, piece)
-        return [FeedPiece(held.req.req_id, held.piece_upto)]
-
-    def _plans_wakeup(self) -> float | None:
-        if not self._plans:
-            return None
-        if self._cfg.mode == "defer":
-            return min(p.deadline for p in self._plans.values())
-        holds = [p.hold_until for p in self._plans.values() if p.hold_until is not None]
-        active = self._active()
-        if (active is None or active.piece_upto is not None or active.hold_until is not None
-                or self._warm_pieces or self._saving):
-            pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
-        elif active.behind:
-            pieces = self._next_piece_at
-        elif self._use.prefilling():
-            pieces = None
-        else:
-            pieces = max(self._next_piece_at, self._use.sent_grace_end())
-        return min([*holds, *([pieces] if pieces is not None else [])], default=None)
+    def _server(self) -> Server:
+        return Server(self._cfg, self._n_batch, self._cost, self._use,
+                      other_piece=bool(self._warm_pieces or self._saving))
 
     # ---- state -------------------------------------------------------------------------------
-
-    def _active(self) -> HeldRequest | None:
-        """The plan with a piece in flight, else the one the next piece goes to (one not holding,
-        if any)."""
-        plans = self._plans.values()
-        fed = next((p for p in plans if p.piece_upto is not None), None)
-        if fed is not None:
-            return fed
-        going = [p for p in plans if p.hold_until is None] or list(plans)
-        return shortest_rest(going) if going else None
 
     def _claimed(self) -> bool:
         """Rule 14: a restore waits or runs, and no slot is free besides."""
@@ -473,9 +384,5 @@ class PrefillPolicy:
         """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
         if self._slots is None:
             return 1
-        pieces = (self._warm_pieces + (self._saving is not None)
-                  + sum(1 for p in self._plans.values() if p.piece_upto is not None))
+        pieces = self._warm_pieces + (self._saving is not None) + self._plans.fed()
         return self._slots - len(self._use) - pieces - self._restores.running()
-
-    def _share(self, held: HeldRequest, now: float) -> float:
-        return pieces_share(self._cost.cost, self._cfg, self._n_batch, held, self._use.decoders(), now)

@@ -22,6 +22,7 @@ from proxy.warm.values import (
     Knobs,
     Load,
     Outcome,
+    RestoreKept,
     Sizer,
     WarmRefused,
     WarmUp,
@@ -63,6 +64,10 @@ class WarmQueue:
      8. A warm-up not ended `expire_s` after it was asked for expires (after its piece in flight);
         an ended one is kept for crediting and `GET` until `expire_s` after its end (KEEP_ENDED).
      9. Cancel ends it at once (its piece in flight is cancelled); a failed piece ends it (failed).
+    10. A warm-up a kept file holds part of (keep_kv, `restorable`) restores it first, under rule
+        5's conditions, in place of its first piece and in flight like one; restored, its pieces go
+        on after what the file held (done at once with fewer than MIN_TOKENS left); a restore that
+        did not happen (no idle slot, a failure) leaves it to compute as usual.
     """
 
     warmups: dict[str, WarmUp] = field(default_factory=dict)
@@ -98,6 +103,10 @@ class WarmQueue:
             return out
         if load.cold_held or load.starting or (load.busy and now < warm.next_piece_at):
             return out
+        if warm.restorable and warm.started is None:  # rule 10
+            warm.started = now
+            warm.piece_upto = min(len(warm.ids), warm.done_upto + warm.restorable)
+            return [*out, RestoreKept(warm.id)]
         remaining = len(warm.ids) - warm.done_upto
         piece = max(1, sizer.piece(warm.done_upto, remaining, warm.largest_piece, load))
         end = len(warm.ids)
@@ -121,6 +130,34 @@ class WarmQueue:
         if warm.done_upto >= len(warm.ids):
             return self._end(warm, Outcome.DONE, "computed", now)
         return []
+
+    def on_restored(self, warm_id: str, upto: int, now: float) -> list[Decision]:
+        """Rule 10: the file is in a slot; the server holds the prefix's first `upto` ids."""
+        warm = self._restoring(warm_id)
+        if warm is None:
+            return []
+        warm.restored = max(0, upto - warm.done_upto)
+        warm.done_upto = max(warm.done_upto, upto)
+        if warm.ending is not None:
+            return self._end(warm, *warm.ending, now)
+        if len(warm.ids) - warm.done_upto < MIN_TOKENS:
+            return self._end(warm, Outcome.DONE, f"restored {warm.restored} tokens from a kept "
+                                                 "file", now)
+        return []
+
+    def on_restore_failed(self, warm_id: str, now: float) -> list[Decision]:
+        """Rule 10: no restore after all: its pieces compute the prefix."""
+        warm = self._restoring(warm_id)
+        if warm is None or warm.ending is None:
+            return []
+        return self._end(warm, *warm.ending, now)
+
+    def _restoring(self, warm_id: str) -> WarmUp | None:
+        warm = self.warmups.get(warm_id)
+        if warm is None or warm.outcome is not None or warm.piece_upto is None:
+            return None
+        warm.restorable, warm.piece_upto = 0, None
+        return warm
 
     def on_piece_failed(self, warm_id: str, reason: str, now: float) -> list[Decision]:
         warm = self.warmups.get(warm_id)

@@ -79,6 +79,10 @@ class WarmUp:
     """How it ends once the piece in flight is done."""
     credited: bool = False
     """A real request was credited with its work."""
+    restorable: int = 0
+    """Tokens beyond `cached` a kept file holds (keep_kv): restored before any piece (rule 10)."""
+    restored: int = 0
+    """Tokens its restore put in a slot."""
 
     def __post_init__(self) -> None:
         if self.done_upto < 0:
@@ -104,6 +108,14 @@ class Feed:
 
 
 @dataclass(frozen=True)
+class RestoreKept:
+    """Restore the kept file that holds the prefix into an idle slot (keep_kv); report
+    `on_restored` or `on_restore_failed`. It is in flight like a piece."""
+
+    warm_id: str
+
+
+@dataclass(frozen=True)
 class Ended:
     """The warm-up ended (`outcome` is set): write its record."""
 
@@ -117,7 +129,7 @@ class CancelPiece:
     warm_id: str
 
 
-Decision = Feed | Ended | CancelPiece
+Decision = Feed | RestoreKept | Ended | CancelPiece
 
 
 @dataclass(frozen=True)

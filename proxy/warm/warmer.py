@@ -2,9 +2,10 @@
 
 It renders a warm-up's stable prefix (`stable_prefix`), feeds its pieces with the prefill feature's
 `PieceFeeder` (token-id prefixes to `/completion`, `n_predict: 0`, never pinned), corrects the cache
-model after each, ends a warm-up when a real request of its conversation arrives (`claim`, the
-prefill gate's hook) and writes one timing record per warm-up. A background loop ticks the queue at
-each registry change and at the queue's next wakeup.
+model after each, restores a kept file that holds a warm-up's prefix (keep_kv, through the
+keeper) before its pieces, ends a warm-up when a real request of its conversation arrives (`claim`,
+the prefill gate's hook) and writes one timing record per warm-up. The gate's one loop ticks the
+queue (`tick`) under the load the prefill policy gives.
 """
 
 from __future__ import annotations
@@ -17,15 +18,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.config import PrefillConfig
-from proxy.estimate import EstimateError
+from proxy.estimate import Estimate, EstimateError
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceError, PieceFeeder
+from proxy.prefill.hooks import KeepHook
 from proxy.record.flight import Flight
 from proxy.state import ProxyState
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
-from proxy.warm.queue import WarmQueue
+from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_record
-from proxy.warm.values import CancelPiece, Decision, Ended, Feed, Knobs, Load, Sizer, WarmUp
+from proxy.warm.values import (
+    CancelPiece,
+    Decision,
+    Ended,
+    Feed,
+    Knobs,
+    Load,
+    RestoreKept,
+    Sizer,
+    WarmUp,
+)
 
 log = logging.getLogger("slotwise.warm")
 
@@ -54,7 +66,7 @@ class Warmer:
     piece sizes the prefill policy gives (rule 15), and wakes when `wake` is set (a piece ended)."""
 
     def __init__(self, state: ProxyState, estimator: Estimator, feeder: PieceFeeder,
-                 wake: asyncio.Event) -> None:
+                 wake: asyncio.Event, keep: KeepHook[Any] | None = None) -> None:
         self._state = state
         self._estimator = estimator
         self._feeder = feeder
@@ -65,6 +77,8 @@ class Warmer:
         self._pieces: dict[str, asyncio.Task[None]] = {}
         self._done: list[tuple[int, int, float]] = []  # pieces ended, until the gate reads them
         self._wake = wake
+        self._keep = keep
+        """The keeper of saved KV: a warm-up's prefix a kept file holds is restored, not computed."""
         self.ended = Counter[str]()
         """Warm-ups ended, by outcome (the metrics)."""
         self.computed_tokens = 0
@@ -91,14 +105,30 @@ class Warmer:
         The bounds that need no ids are checked before the body is tokenized."""
         self.queue.check_room(flight.client, self.knobs())
         ids, cached = await stable_prefix(self._estimator, self._state.config.prefill, kind, body)
+        restorable, cached = await self._restorable(flight, ids, cached)
         now = self._clock()
         warm = WarmUp(id=flight.id, client=flight.client, ids=array("l", ids), cached=cached,
-                      submitted=now)
+                      submitted=now, restorable=restorable)
         decisions = self.queue.submit(warm, self.knobs(), now)
         self._flights[warm.id], self._lora[warm.id] = flight, lora if isinstance(lora, list) else None
         self._apply(decisions)
         self._wake.set()
         return warm
+
+    async def _restorable(self, flight: Flight, ids: list[int], cached: int) -> tuple[int, int]:
+        """Tokens beyond the cached ones a kept file holds of the prefix (0: none worth a
+        restore), and the cached ones again: the keeper's look at the slots may have found
+        llama-server restarted (its cache empty) since the estimate."""
+        if self._keep is None:
+            return 0, cached
+        try:
+            _, found = await self._keep.restorable(flight, ids, Estimate(len(ids), len(ids) - cached))
+        except Exception:  # fail open: computed as usual
+            log.exception("asking keep_kv about warm-up %s failed inside slotwise", flight.id)
+            return 0, cached
+        cached = min(len(ids), self._estimator.cache.estimate_cached([*ids, NEXT_TOKEN]))
+        tokens = min(found.tokens, len(ids) - cached) if found is not None else 0
+        return (tokens if tokens >= MIN_TOKENS else 0), cached
 
     def cancel(self, warm_id: str) -> None:
         """KeyError for an unknown id."""
@@ -164,6 +194,9 @@ class Warmer:
                     self._pieces[decision.warm_id] = asyncio.create_task(
                         self._piece(decision.warm_id, decision.upto),
                         name=f"slotwise-warm-{decision.warm_id}")
+                case RestoreKept():
+                    self._pieces[decision.warm_id] = asyncio.create_task(
+                        self._restore(decision.warm_id), name=f"slotwise-warm-{decision.warm_id}")
                 case CancelPiece():
                     task = self._pieces.get(decision.warm_id)
                     if task is not None:
@@ -195,6 +228,25 @@ class Warmer:
         self._done.append((result.prompt_n, result.cache_n, result.batch_ms))
         self._apply(self.queue.on_piece_done(warm_id, result.prompt_n, result.batch_ms,
                                              self.knobs(), now))
+
+    async def _restore(self, warm_id: str) -> None:
+        """Rule 10 of the queue: in flight like a piece (the policy counts it as one: a slot, and
+        the one piece in flight)."""
+        warm, flight = self.queue.warmups[warm_id], self._flights[warm_id]
+        try:
+            restored = (await self._keep.restore(flight, list(warm.ids)) if self._keep is not None
+                        else None)
+        finally:
+            self._pieces.pop(warm_id, None)
+            self._wake.set()
+        now = self._clock()
+        if restored is not None and restored.done:
+            upto = len(warm.ids) - restored.est.new_tokens
+            self._apply(self.queue.on_restored(warm_id, upto, now))
+        else:
+            if restored is not None:
+                log.info("warm-up %s: no restore (%s): computed instead", warm_id, restored.problem)
+            self._apply(self.queue.on_restore_failed(warm_id, now))
 
     def _write(self, warm_id: str) -> None:
         """The warm-up's one record: written once, whatever ended it."""

@@ -1,0 +1,166 @@
+"""The cold requests the prefill policy holds or feeds, and their turn (rules 4-8 of
+`PrefillPolicy`): which plan the next piece goes to, how large, the pause after it, and when a plan
+is released. Pure; the policy owns it and says what the server is doing (`Server`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from proxy.config import PrefillConfig
+from proxy.prefill.batch_cost import BatchCostModel
+from proxy.prefill.events import Admit, FeedPiece, Forward
+from proxy.prefill.held import HeldRequest, shortest_rest
+from proxy.prefill.outlook import ChunkKnobs, Situation
+from proxy.prefill.pacing import BEHIND_SHARE, idle_piece, pieces_share
+from proxy.prefill.server_use import ServerUse
+from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
+
+Release = tuple[HeldRequest, Admit | Forward]
+"""A plan that ends: its request goes upstream with this decision (the policy sends it)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """What the plans need to know, at one moment, of the operator's knobs and the server."""
+
+    cfg: PrefillConfig
+    n_batch: int
+    cost: BatchCostModel
+    use: ServerUse
+    other_piece: bool
+    """A warm-up's piece or a save is in flight: the one piece in flight is not a plan's."""
+
+
+class ColdPlans:
+    def __init__(self) -> None:
+        self.held: dict[str, HeldRequest] = {}  # in arrival order
+        self.next_piece_at = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.held)
+
+    def fed(self) -> int:
+        """Plans with a piece in flight (at most one)."""
+        return sum(1 for p in self.held.values() if p.piece_upto is not None)
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def piece_done(self, server: Server, req_id: str, tokens: int, elapsed_ms: float,
+                   now: float) -> bool:
+        """Rules 6 and 9: the piece teaches the cost and sets the pause; False if unknown."""
+        held = self.held.get(req_id)
+        if held is None or held.piece_upto is None:
+            return False
+        server.cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms,
+                                  server.use.decoders())
+        held.done_upto, held.piece_upto = held.piece_upto, None
+        held.pieces_done += 1
+        held.largest_piece = max(held.largest_piece or 0, tokens)
+        share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
+                             server.use.decoders(), now)
+        held.behind = share >= 1.0
+        self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
+        return True
+
+    # ---- deciding ----------------------------------------------------------------------------
+
+    def step(self, server: Server, now: float) -> Release | FeedPiece | None:
+        """Rules 4-8: the one thing the plans do next, if anything."""
+        if not self.held:
+            return None
+        if server.cfg.mode == "defer":
+            return self._defer_step(server, now)
+        if server.other_piece or self.fed():
+            return None
+        if not server.use:
+            return self._idle(server, shortest_rest(self.held.values()))
+        for held in sorted(self.held.values(), key=HeldRequest.rest_key):
+            if held.rest < server.cfg.cold_tokens:
+                return held, held.release(f"its rest ({held.rest} tokens) is under cold_tokens")
+            if held.hold_until is not None:
+                if now < held.hold_until:
+                    continue
+                return held, held.release("held as the batch cost chose")
+            choice = held.choice = self.choice(server, held)
+            if choice.strategy is Strategy.WHOLE:
+                return held, held.release(choice.reason)
+            if choice.strategy is Strategy.HOLD:
+                held.hold_until = now + choice.hold_ms / 1000.0
+                continue
+            if self._piece_waits(server, held, now):
+                return None
+            held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
+            return FeedPiece(held.req.req_id, held.piece_upto)
+        return None
+
+    def choice(self, server: Server, held: HeldRequest) -> PieceChoice:
+        """How a plan would go on now (rule 6), from the fitted cost."""
+        cfg = server.cfg
+        knobs = ChunkKnobs(max_stall_ms=cfg.max_stall_ms, n_batch=server.n_batch,
+                           prefill_share=cfg.prefill_share, max_hold_ms=cfg.max_hold_s * 1000.0)
+        situation = Situation(done_tokens=held.done_upto, remaining_tokens=held.rest,
+                              decoders=server.use.decoders(), largest_piece=held.largest_piece,
+                              probe=server.cost.needs_probe())
+        return choose_piece(server.cost.cost, situation, knobs)
+
+    def _defer_step(self, server: Server, now: float) -> Release | None:
+        for held in self.held.values():
+            if now >= held.deadline:
+                return held, Admit(held.req.req_id, "held prefill.max_hold_s")
+        if server.use or server.other_piece:
+            return None
+        held = shortest_rest(self.held.values())
+        return held, Admit(held.req.req_id, "held until others finished")
+
+    def _piece_waits(self, server: Server, held: HeldRequest, now: float) -> bool:
+        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
+        use = server.use
+        return now < self.next_piece_at or (not held.behind and (
+            use.prefilling() or now < use.sent_grace_end()))
+
+    def _idle(self, server: Server, held: HeldRequest) -> Release | FeedPiece:
+        """Rule 7: nobody generates: the rest whole if it is short, else an idle piece."""
+        piece = idle_piece(server.cost.cost, server.cfg, server.n_batch, held, held.rest)
+        if piece is None:
+            return held, held.release("nobody generating")
+        held.piece_upto = next_upto(held.done_upto, piece)
+        return FeedPiece(held.req.req_id, held.piece_upto)
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    def next_wakeup(self, server: Server) -> float | None:
+        if not self.held:
+            return None
+        if server.cfg.mode == "defer":
+            return min(p.deadline for p in self.held.values())
+        holds = [p.hold_until for p in self.held.values() if p.hold_until is not None]
+        active = self.active()
+        if (active is None or active.piece_upto is not None or active.hold_until is not None
+                or server.other_piece):
+            pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
+        elif active.behind:
+            pieces = self.next_piece_at
+        elif server.use.prefilling():
+            pieces = None
+        else:
+            pieces = max(self.next_piece_at, server.use.sent_grace_end())
+        return min([*holds, *([pieces] if pieces is not None else [])], default=None)
+
+    def active(self) -> HeldRequest | None:
+        """The plan with a piece in flight, else the one the next piece goes to (one not holding,
+        if any)."""
+        plans = self.held.values()
+        fed = next((p for p in plans if p.piece_upto is not None), None)
+        if fed is not None:
+            return fed
+        going = [p for p in plans if p.hold_until is None] or list(plans)
+        return shortest_rest(going) if going else None
