@@ -261,10 +261,18 @@ async def test_estimate_error_fails_open_with_a_note(rig: Rig) -> None:
     assert admission.note and admission.note.startswith("not estimated")
 
 
-async def test_cold_with_nobody_generating_is_admitted(rig: Rig) -> None:
-    await rig.gate.admit(f := flight(rig, "c"), {"n": 3000})
+async def test_cold_with_nobody_generating_goes_in_idle_pieces_back_to_back(rig: Rig) -> None:
+    task = asyncio.create_task(rig.gate.admit(f := flight(rig, "c"), {"n": 3000}))
+    await settle()
+    done = 0
+    while not task.done():  # each piece's end sends the next at once: nobody waits for a pause
+        upto = rig.feeder.pieces[-1][0]
+        rig.feeder.done(upto - done, cache_n=done, ms=300.0)
+        done = upto
+        await settle()
     admission = f.prefill
-    assert admission.plan == "none" and admission.note == "cold, nobody generating"
+    assert admission.plan == "chunked" and admission.pieces == len(rig.feeder.pieces) >= 2
+    assert admission.note and admission.note.startswith("nobody generating after")
 
 
 async def test_defer_holds_until_the_others_finish() -> None:

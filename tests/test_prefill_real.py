@@ -180,16 +180,24 @@ def test_a_cold_responses_request_is_fed_in_pieces_and_finds_itself_cached(
     assert cached >= cold["fed_tokens"] >= 0.5 * usage["input_tokens"], usage
 
 
-def test_cold_prompt_with_nobody_generating_is_not_delayed(server: LlamaServer,
-                                                           start_proxy: StartProxy) -> None:
+def test_cold_prompt_with_nobody_generating_goes_at_full_speed(server: LlamaServer,
+                                                               start_proxy: StartProxy) -> None:
+    """Nobody generates: whole if short, else in idle pieces back to back (never a pause or a
+    hold), so that whoever comes meanwhile waits for one piece."""
     proxy = start_proxy(server.url, **prefill("chunk"))
     assert call("POST", proxy.url + "/v1/chat/completions", cold_body(2)).status_code == 200
     proxy.stop()  # every record written
     (rec,) = read_records(proxy)
-    assert rec["prefill_plan"] == "none" and rec["held_ms"] == 0.0 and rec["pieces"] == 0
-    assert rec["est_new_tokens"] >= 1000 and rec["policy_note"] == "cold, nobody generating"
+    assert rec["est_new_tokens"] >= 1000
+    if rec["prefill_plan"] == "none":
+        assert rec["policy_note"] == "cold, nobody generating" and rec["pieces"] == 0
+        computed = rec["timings"]["prompt_n"]
+    else:
+        assert rec["prefill_plan"] == "chunked" and rec["pieces"] >= 1
+        assert rec["policy_note"].startswith("nobody generating after")
+        computed = rec["prompt_tokens"]  # its pieces computed most of it; the rest was cached
     # the server may find a few template tokens cached in some slot; the estimate says 0
-    assert abs(rec["est_new_tokens"] - rec["timings"]["prompt_n"]) <= 0.05 * rec["est_new_tokens"]
+    assert abs(rec["est_new_tokens"] - computed) <= 0.05 * rec["est_new_tokens"]
 
 
 def test_a_prompt_longer_than_a_slot_is_answered_at_once_with_no_piece_fed(
@@ -205,6 +213,7 @@ def test_a_prompt_longer_than_a_slot_is_answered_at_once_with_no_piece_fed(
     finally:
         stream.close()
     assert reply.status_code == 400 and took < 1.5, (reply.status_code, took)
+    proxy.stop()  # every record written (the answer can reach the client before its record)
     [rec] = [r for r in read_records(proxy) if r["status"] == 400]
     assert rec["pieces"] == 0 and rec["prefill_plan"] == "none"
     assert "more than a slot holds (8,192): forwarded as it came, no piece fed" in rec["policy_note"]

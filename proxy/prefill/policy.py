@@ -45,7 +45,9 @@ class PrefillPolicy:
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
-        held is admitted at once (full speed).
+        held goes at full speed: `defer` admits it at once; `chunk` sends it whole if it is short,
+        else in idle pieces back to back (rule 7), so that whoever comes meanwhile (a returning
+        user's restore, a short turn) waits for one piece, not for the whole prompt.
      4. Cold requests share the prefill time: each one held has its own plan, at most one piece is
         in flight, and the next piece (or release) goes to the plan with the fewest tokens left to
         compute, then the earliest: a short first turn waits for the piece in flight, not for a
@@ -303,17 +305,22 @@ class PrefillPolicy:
             return self._admit(req_id, "prefill.mode off", now)
         if req.est_new_tokens < self._cfg.cold_tokens:
             return self._admit(req_id, "not cold", now)
-        if not self._plans and not self._use and not self._warm_pieces and not self._saving:
+        idle = not (self._plans or self._use or self._warm_pieces or self._saving)
+        if idle and self._cfg.mode == "defer":
             return self._admit(req_id, "cold, nobody generating", now)
         if self._plans and len(self._plans) > self._cfg.max_waiting:
             self._notes.pop(req_id, None)
             return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
-        why = ("waiting for its turn" if self._plans else "others generating" if self._use
+        why = ("nobody generating: fed in pieces back to back" if idle
+               else "waiting for its turn" if self._plans else "others generating" if self._use
                else "a warm-up's piece in flight" if self._warm_pieces
                else "a save of kept KV in flight")
         self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
-        return [Hold(req_id, why), *self._advance(now)]
+        decided = self._advance(now)
+        if decided and decided[0] == Admit(req_id, "cold, nobody generating"):
+            return decided  # rule 7: short enough to go whole
+        return [Hold(req_id, why), *decided]
 
     def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
         self._use.sent(req_id, now)
