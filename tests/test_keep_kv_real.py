@@ -96,7 +96,7 @@ def restart(llama_server_binary: Path, tiny_model: ModelFiles, tmp_path: Path
     def again(server: LlamaServer) -> LlamaServer:
         port = server.port
         server.stop()
-        fresh = LlamaServer(tiny_model.model, lora=None, args=server.args, port=port,
+        fresh = LlamaServer(server.model, lora=server.lora, args=server.args, port=port,
                             binary=llama_server_binary, log_path=tmp_path / f"restart-{len(started)}.log")
         started.append(fresh)
         return fresh.start()
@@ -136,6 +136,27 @@ def test_a_saved_conversation_is_restored_after_a_restart(
     assert warm["ttft_ms"] < cold["ttft_ms"] / 3, (warm["ttft_ms"], cold["ttft_ms"])
     restores = [r for r in read_records(proxy) if r["kind"] == "kv_restore"]
     assert [r["outcome"] for r in restores] == ["done"] and restores[0]["kv_bytes"] > 0
+
+
+def test_a_restore_for_explicit_lora_settings_is_kept(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    """llama-server clears a slot's cache for a request whose explicit `lora` differs from the
+    slot's last one, and a slot that never had a task counts as different: with `lora.mode` fixed
+    a restore must not go into one (it did: bench day, a 6,016-token restore recomputed whole)."""
+    server = start_llama_server(lora=True, args=server_args(save_dir))
+    fixed = {"mode": "fixed", "adapters": [{"id": 0, "scale": 1.0}]}
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), lora=fixed)
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(5, 13)
+    cold = ask(proxy, turn(talk, "first"))
+    saved(proxy)
+
+    restart(server)
+    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    warm = ask(proxy, turn(talk, "second"))
+    assert warm["restored_tokens"] >= cold["prompt_tokens"] - 64
+    assert warm["timings"]["prompt_n"] < 100, warm["timings"]  # kept, not recomputed
 
 
 def test_a_warm_up_of_a_returning_conversation_restores_its_file(

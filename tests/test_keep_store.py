@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from unittest.mock import ANY
 
 from proxy.estimate import block_hashes
@@ -155,9 +156,13 @@ class TestRule2Placement:
         assert s.conversations[name].slot is None and not s.conversations[name].placing
 
     def test_read_slots_takes_what_the_server_answers(self) -> None:
-        body = [{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True,
-                                                    "n_prompt_tokens": 12, "id_task": 4}]
-        assert read_slots(body) == [slot(0), slot(1, 12, 4, busy=True)]
+        body = [{"id": 0, "is_processing": False},
+                {"id": 1, "is_processing": True, "n_prompt_tokens": 12, "id_task": 4},
+                {"id": 2, "id_task": 7, "params": {"lora": [{"id": 0, "scale": 1}]}},
+                {"id": 3, "id_task": 8, "params": {"lora": []}}]
+        assert read_slots(body) == [
+            replace(slot(0), lora=None), replace(slot(1, 12, 4, busy=True), lora=None),
+            replace(slot(2, 0, 7), lora=((0, 1.0),)), slot(3, 0, 8)]  # None: never had a task
 
     def test_read_slots_refuses_what_is_not_slots(self) -> None:
         for body in ({"id": 0}, [{"is_processing": False}]):
@@ -346,6 +351,21 @@ class TestRule7Restore:
         s.on_slots([slot(0, 109, 4)], 1.0, quiet=False)
         small = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 109, 4)])
         assert small is not None and small.displaced == 109 and s.displaced_save(small) is None
+
+    def test_a_slot_that_keeps_the_requests_lora_kv_first_else_one_primed(self) -> None:
+        fixed = ((0, 1.0),)
+        never = SlotState(id=0, busy=False, tokens=0, task=None, lora=None)
+        other = SlotState(id=1, busy=False, tokens=0, task=3, lora=((0, 0.0),))
+        same = SlotState(id=2, busy=False, tokens=300, task=5, lora=fixed)
+        s = with_files(saved_file(1024))
+        first = s.restore(chain(1100), "", 1100, 0, [never, other, same], fixed)
+        assert first is not None and first.slot == 2 and not first.prime
+        s = with_files(saved_file(1024))
+        primed = s.restore(chain(1100), "", 1100, 0, [never, other], fixed)
+        assert primed is not None and primed.slot == 0 and primed.prime
+        s = with_files(saved_file(1024))  # a request that sends no lora keeps any slot's KV
+        plain = s.restore(chain(1100), "", 1100, 0, [never], None)
+        assert plain is not None and not plain.prime
 
     def test_what_it_displaces_is_counted_once_restored(self) -> None:
         """A saved conversation's slot displaces nothing (its file holds it); an unsaved one's

@@ -39,6 +39,7 @@ from proxy.keep.values import (
     SlotState,
     client_digest,
     knobs,
+    lora_settings,
     lora_variant,
     read_slots,
 )
@@ -180,7 +181,8 @@ class Keeper:
                             done=False)
         self._apply_now(self.store.on_slots(slots, self._wall(), quiet=False))
         est = estimate(ids, self._estimator.cache)
-        restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots)
+        lora = None if flight.lora_out is None else lora_settings(flight.lora_out)
+        restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots, lora)
         if restore is None:
             found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
             if found is None:  # the server's cache holds it now, or the file went
@@ -190,6 +192,9 @@ class Keeper:
         if (damage := await self.files.check(restore)) is not None:
             return Restored(est, f"{restore.name} is damaged ({damage}): deleted", done=False)
         restore = await self._make_room(restore)
+        if restore.prime and (why := await self._prime(restore.slot, ids, flight.lora_out)):
+            self.store.release(restore)
+            return Restored(est, f"could not prepare slot {restore.slot}: {why}", done=False)
         task = next((s.task for s in slots if s.id == restore.slot), None)
         why = await self._restore_call(flight, restore, task)
         if why is not None:
@@ -198,6 +203,18 @@ class Keeper:
         flight.restored_tokens = restore.covered
         self.restored_tokens += restore.covered
         return Restored(estimate(ids, self._estimator.cache), None, done=True)
+
+    async def _prime(self, slot: int, ids: list[int], lora: Any) -> str | None:
+        """A one-token task with the request's LoRA settings, pinned to the idle slot the restore
+        goes into: llama-server then keeps the restored KV for the request (it clears a slot's
+        cache when a request's explicit `lora` differs from the slot's last one). Why it failed."""
+        body = {"prompt": ids[:1], "n_predict": 0, "id_slot": slot, "lora": lora,
+                "cache_prompt": True}
+        try:
+            await self._state.upstream.post_json("/completion", body, timeout_s=SLOTS_TIMEOUT_S * 5)
+        except UpstreamCallError as exc:
+            return str(exc)
+        return None
 
     async def _make_room(self, restore: RestoreInto) -> RestoreInto:
         """The conversation in the slot leaves the server's cache model; saved first when no file

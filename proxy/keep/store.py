@@ -24,7 +24,10 @@ Rules (tests/test_keep_store.py has one class per rule):
    recently used first (`budget.py`); a file larger than the whole budget goes at once.
 7. Restore. A request whose prompt a file of this model and variant covers for at least `MOST` of
    its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
-   idle slot no save or restore is using: an empty one first, then one whose conversation a file
+   idle slot no save or restore is using: one whose KV the request will keep first
+   (`keeps_restored_kv`: llama-server clears a slot's cache for a request whose explicit `lora`
+   differs from the slot's last one, and for a slot that never had a task; any other is primed
+   first, `prime`), then an empty one, then one whose conversation a file
    holds, then the one with the oldest task (the least loss). No such slot: no restore now (the
    prefill policy's rule 14 waits for the next slot to come free). A conversation no file holds in
    the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one save at a
@@ -57,6 +60,7 @@ from proxy.keep.values import (
     ForgetCache,
     KeepFile,
     Knobs,
+    Lora,
     Quarantine,
     RestoreInto,
     SavedFile,
@@ -65,6 +69,7 @@ from proxy.keep.values import (
     Where,
     common_blocks,
     file_name,
+    keeps_restored_kv,
 )
 
 PLACE_WITHIN_S = 5.0
@@ -223,7 +228,8 @@ class KeepStore:
         return best
 
     def restore(self, chain: Sequence[int], variant: str, prompt_tokens: int, cached: int,
-                slots: Sequence[SlotState]) -> RestoreInto | None:
+                slots: Sequence[SlotState], lora: Lora | None = None) -> RestoreInto | None:
+        """`lora`: the request's explicit LoRA settings (None: it sends none)."""
         found = self.candidate(chain, variant, prompt_tokens, cached)
         if found is None:
             return None
@@ -232,9 +238,11 @@ class KeepStore:
         if not idle:
             return None
         saved = {c.slot for c in self.conversations.values() if c.slot is not None and self.saved(c)}
-        slot = min(idle, key=lambda s: (s.tokens > 0, s.id not in saved, -1 if s.task is None else s.task))
+        slot = min(idle, key=lambda s: (not keeps_restored_kv(s, lora), s.tokens > 0,
+                                        s.id not in saved, -1 if s.task is None else s.task))
         decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1],
-                               displaced=slot.tokens if slot.id not in saved else 0)
+                               displaced=slot.tokens if slot.id not in saved else 0,
+                               prime=not keeps_restored_kv(slot, lora))
         self.restoring[slot.id] = decision
         return decision
 

@@ -75,6 +75,34 @@ class SlotState:
     """`n_prompt_tokens`: the tokens its cache holds now (0 when empty)."""
     task: int | None
     """`id_task`: its current or last task (None before its first)."""
+    lora: Lora | None = ()
+    """The explicit LoRA settings of its last task (`params.lora`; () when it sent none), None
+    before its first task."""
+
+
+Lora = tuple[tuple[int, float], ...]
+"""LoRA settings as (adapter id, scale) pairs, sorted: comparable across requests and slots."""
+
+
+def lora_settings(lora: Any) -> Lora:
+    """A `lora` array (a request's, or a slot's `params.lora`) as comparable pairs; entries
+    without a numeric id or scale are left out."""
+    if not isinstance(lora, list):
+        return ()
+    pairs = {(e["id"], float(e["scale"])) for e in lora if isinstance(e, dict)
+             and isinstance(e.get("id"), int) and isinstance(e.get("scale"), int | float)}
+    return tuple(sorted(pairs))
+
+
+def keeps_restored_kv(slot: SlotState, lora: Lora | None) -> bool:
+    """Whether a request with these explicit LoRA settings (None: it sends none) keeps KV restored
+    into `slot`: llama-server clears a slot's cache when a request's explicit `lora` differs from
+    the slot's last one, and a slot that never had a task counts as different (verified: a restore
+    into a never-used slot, then the same prompt with `lora: [{id 0, scale 1}]`, cache_n 0; without
+    `lora`, cache_n 1,897 of 1,900)."""
+    if lora is None or slot.lora == ():
+        return True
+    return slot.lora == lora
 
 
 def read_slots(body: Any) -> list[SlotState]:
@@ -87,9 +115,11 @@ def read_slots(body: Any) -> list[SlotState]:
         if not isinstance(slot_id, int):
             raise ValueError("GET /slots answered with a slot without an integer id")
         tokens, task = entry.get("n_prompt_tokens"), entry.get("id_task")
+        params = entry.get("params")
+        lora = lora_settings(params.get("lora")) if isinstance(params, dict) else None
         slots.append(SlotState(id=slot_id, busy=bool(entry.get("is_processing")),
                                tokens=tokens if isinstance(tokens, int) else 0,
-                               task=task if isinstance(task, int) else None))
+                               task=task if isinstance(task, int) else None, lora=lora))
     return slots
 
 
@@ -223,6 +253,9 @@ class RestoreInto:
     covered: int
     displaced: int = 0
     """Tokens the slot holds of a conversation no file keeps: lost (its next turn recomputes)."""
+    prime: bool = False
+    """The slot's last LoRA settings are not the request's: a one-token task with them goes into
+    the slot first, or llama-server would clear the restored KV when the request comes."""
 
 
 @dataclass(frozen=True)
