@@ -108,6 +108,20 @@ def restart(llama_server_binary: Path, tiny_model: ModelFiles, tmp_path: Path
             server.stop()
 
 
+def returning(proxy: ProxyThread, server: LlamaServer,
+              restart: Callable[[LlamaServer], LlamaServer], *, seed: int
+              ) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """A conversation's first turn through `proxy`, saved, then llama-server restarted: the
+    history as its next turn carries it, and the first turn's record."""
+    wait_for(lambda: status(proxy)["working"] is True)
+    talk = history(seed, 13)
+    cold = ask(proxy, turn(talk, "first"))
+    saved(proxy)
+    restart(server)
+    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    return talk, cold
+
+
 def server_args(save_dir: Path) -> list[str]:
     return ["-np", "2", "-c", "16384", "--slot-save-path", str(save_dir)]
 
@@ -147,13 +161,7 @@ def test_a_restore_for_explicit_lora_settings_is_kept(
     server = start_llama_server(lora=True, args=server_args(save_dir))
     fixed = {"mode": "fixed", "adapters": [{"id": 0, "scale": 1.0}]}
     proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), lora=fixed)
-    wait_for(lambda: status(proxy)["working"] is True)
-    talk = history(5, 13)
-    cold = ask(proxy, turn(talk, "first"))
-    saved(proxy)
-
-    restart(server)
-    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    talk, cold = returning(proxy, server, restart, seed=5)
     warm = ask(proxy, turn(talk, "second"))
     assert warm["restored_tokens"] >= cold["prompt_tokens"] - 64
     assert warm["timings"]["prompt_n"] < 100, warm["timings"]  # kept, not recomputed
@@ -166,13 +174,7 @@ def test_a_warm_up_of_a_returning_conversation_restores_its_file(
     its kept file is restored then, not computed, and the turn that follows finds it in a slot."""
     server = start_llama_server(lora=False, args=server_args(save_dir))
     proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), warm={"enabled": True})
-    wait_for(lambda: status(proxy)["working"] is True)
-    talk = history(3, 13)
-    cold = ask(proxy, turn(talk, "first"))
-    saved(proxy)
-
-    restart(server)
-    talk += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    talk, cold = returning(proxy, server, restart, seed=3)
     asked = call("POST", proxy.url + "/slotwise/warm/v1/chat/completions", {"messages": talk})
     assert asked.status_code == 202, asked.content[:300]
     warm_id = asked.json()["id"]
