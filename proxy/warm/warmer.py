@@ -232,20 +232,19 @@ class Warmer:
     async def _restore(self, warm_id: str) -> None:
         """Rule 10 of the queue: in flight like a piece (the policy counts it as one: a slot, and
         the one piece in flight)."""
-        warm, flight = self.queue.warmups[warm_id], self._flights[warm_id]
+        warm, flight, keep = self.queue.warmups[warm_id], self._flights[warm_id], self._keep
+        assert keep is not None, "a warm-up is restorable only with a keeper (_restorable)"
         try:
-            restored = (await self._keep.restore(flight, list(warm.ids)) if self._keep is not None
-                        else None)
+            restored = await keep.restore(flight, list(warm.ids))
         finally:
             self._pieces.pop(warm_id, None)
             self._wake.set()
         now = self._clock()
-        if restored is not None and restored.done:
+        if restored.done:
             upto = len(warm.ids) - restored.est.new_tokens
             self._apply(self.queue.on_restored(warm_id, upto, now))
         else:
-            if restored is not None:
-                log.info("warm-up %s: no restore (%s): computed instead", warm_id, restored.problem)
+            log.info("warm-up %s: no restore (%s): computed instead", warm_id, restored.problem)
             self._apply(self.queue.on_restore_failed(warm_id, now))
 
     def _write(self, warm_id: str) -> None:
