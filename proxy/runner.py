@@ -39,9 +39,13 @@ class ProxyThread:
         self.stop()
 
     @property
-    def state(self) -> ProxyState:
+    def app(self) -> web.Application:
         assert self._runner is not None, "the proxy is not running"
-        return self._runner.app[STATE]
+        return self._runner.app
+
+    @property
+    def state(self) -> ProxyState:
+        return self.app[STATE]
 
     def call(self, coro: Any, timeout: float = 30.0) -> Any:
         """Run a coroutine on the proxy's loop and wait for its result."""

@@ -1,6 +1,6 @@
 """What the running proxy holds: the config in force, the one upstream session and the client for
-slotwise's own calls over it, the in-flight registry, the timing log and the gate, under one typed
-application key.
+slotwise's own calls over it, the in-flight registry, the timing log, and the seams the features hook
+into (record observers, reload checks and hooks, status sections), under one typed application key.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from proxy.record.inflight import Registry
 from proxy.record.refusals import RefusalSampler, summary_record
 from proxy.record.schema import Record
 from proxy.record.timing_log import TimingLog
-from proxy.request.admission import Gate, OpenGate
 from proxy.request.ids import RequestIds
 from proxy.upstream import UpstreamClient
 
@@ -39,7 +38,6 @@ class ProxyState:
     registry: Registry = field(default_factory=Registry)
     ids: RequestIds = field(default_factory=RequestIds)
     """Issues every request's unique id (the client's own X-Request-Id when it is free)."""
-    gate: Gate = field(default_factory=OpenGate)
     forced_lora: Callable[[], list[dict[str, Any]] | None] = _no_forced_lora
     """The explicit `lora` array every request gets (LoRA modes fixed/none), or None."""
     config_gen: int = 1
@@ -50,6 +48,9 @@ class ProxyState:
     """Told of a new config once it has taken effect (the prefill gate re-reads its table)."""
     record_observers: list[Callable[[Record], None]] = field(default_factory=list)
     """Called with every finished timing record (metrics, the status page)."""
+    status_sections: dict[str, Callable[[], object]] = field(default_factory=dict)
+    """The status page's sections the features push (prefill, warm, keep_kv): name -> its view,
+    read at each request of /slotwise/status."""
     stopping: bool = False
     """Set at SIGTERM: requests cut when the grace period ends are recorded as such."""
     refusals: RefusalSampler = field(default_factory=RefusalSampler)

@@ -21,6 +21,7 @@ import pytest
 
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
+from proxy.request.admission import ADMISSION
 from proxy.testbed.server import LlamaServer
 from proxy.testbed.words import WORDS as SHARED_WORDS
 from proxy.testbed.words import filler
@@ -249,7 +250,7 @@ def test_held_request_whose_client_leaves_never_reaches_the_server(
 
 def test_failed_piece_fails_open(server: LlamaServer, start_proxy: StartProxy) -> None:
     proxy = start_proxy(server.url, **prefill("chunk", max_stall_ms=40.0))
-    gate = proxy.state.gate
+    gate = proxy.app[ADMISSION]
     assert isinstance(gate, PrefillGate)
     # Pieces go to a port nobody listens on; the real request still goes to the server.
     gate._feeder = PieceFeeder(proxy.state.upstream.aimed_at("http://127.0.0.1:9", {}))

@@ -19,6 +19,7 @@ from proxy.ops.metrics import METRICS
 from proxy.state import STATE, ProxyState
 
 RESTART_ONLY = ("enabled", "dir")
+DISABLED = {"enabled": False, "note": "keep_kv.enabled is false"}
 
 
 class KeepCollector:
@@ -32,11 +33,8 @@ class KeepCollector:
         return keep_metrics(k.store, k.working, k.saves, k.restores, k.restored_tokens)
 
 
-def keep_status(app: web.Application) -> dict[str, object]:
+def keep_status(k: Keeper) -> dict[str, object]:
     """The status page's `keep_kv` section."""
-    if KEEPER not in app:
-        return {"enabled": False, "note": "keep_kv.enabled is false"}
-    k = app[KEEPER]
     return status_view(k.store, k.probe, directory=str(k.files.dir), problem=k.files.shelf.problem,
                        saves=k.saves, restores=k.restores, restored_tokens=k.restored_tokens,
                        now=k.now())
@@ -61,10 +59,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     restart_only(state)
     if KEEPER not in app:
+        state.status_sections["keep_kv"] = lambda: DISABLED
         yield
         return
     keeper = app[KEEPER]
     keeper.load()
+    state.status_sections["keep_kv"] = lambda: keep_status(keeper)
     state.registry.subscribe(keeper.on_phase)
     state.reload_hooks.append(lambda new: keeper.reconfigure(new.keep_kv))
     if METRICS in app:

@@ -18,8 +18,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from proxy.ops.guard import guarded
-from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
 from proxy.request.endpoints import GENERATING
@@ -172,7 +170,6 @@ class LiveCollector:
         for phase, count in counts.items():
             flights.add_metric([phase.value], count)
         yield flights
-        yield from prefill_gauges(self.state.gate.snapshot())
         yield GaugeMetricFamily("slotwise_config_generation",
                                 "The config generation new requests run under (+1 per reload)",
                                 value=self.state.config_gen)
@@ -227,31 +224,3 @@ def install(app: web.Application) -> None:
 
     app.cleanup_ctx.append(metrics_ctx)
     app.router.add_get("/metrics", guarded(serve_metrics))
-
-
-COST_PARTS = (("fixed", "fixed_ms"), ("per_kctx", "per_kctx_ms"), ("per_token", "per_token_ms"),
-              ("per_token_per_kctx", "per_token_per_kctx_ms"), ("per_decoder", "per_decoder_ms"))
-
-
-def prefill_gauges(snap: PolicySnapshot | None) -> Iterable[Metric]:
-    """The fitted batch cost, how well it fits, and how the active cold prompt goes on."""
-    if snap is None:
-        return
-    cost = GaugeMetricFamily("slotwise_prefill_batch_cost_ms",
-                             "The fitted batch-cost model: ms per batch (fixed), per batch per 1k tokens "
-                             "of context, per prompt token, per token per 1k tokens of context, per "
-                             "decoding slot", labels=["part"])
-    for label, attr in COST_PARTS:
-        cost.add_metric([label], getattr(snap.cost.cost, attr))
-    yield cost
-    if snap.cost.median_error is not None:
-        yield GaugeMetricFamily("slotwise_prefill_batch_cost_error",
-                                "Median relative error of the batch-cost model's recent predictions",
-                                value=snap.cost.median_error)
-    chosen = GaugeMetricFamily("slotwise_prefill_strategy",
-                               "How the cold prompt being fed goes on now (1 for the strategy in use)",
-                               labels=["strategy"])
-    for strategy in Strategy:
-        chosen.add_metric([strategy.value], 1.0 if snap.choice and snap.choice.strategy is strategy
-                          else 0.0)
-    yield chosen

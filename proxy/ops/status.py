@@ -17,17 +17,14 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config import config_to_dict
-from proxy.keep.feature import keep_status
 from proxy.ops.guard import guarded
 from proxy.ops.lifecycle import OPS, Operations
-from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase
 from proxy.record.schema import Record
 from proxy.record.timing import percentile
 from proxy.request.endpoints import GENERATING
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamCallError
-from proxy.warm.feature import warm_status
 
 RECENT_S = 300.0  # the "last minutes" the page summarises
 RECENT_MAX = 5000  # records kept at most, whatever the rate
@@ -185,26 +182,9 @@ def snapshot(state: ProxyState, ops: Operations, board: StatusBoard) -> dict[str
         "recent": {"window_s": RECENT_S, "summary": summary(window),
                    "points": [{k: r[k] for k in ("at", "ttft_ms", "gap_max_ms", "outcome")}
                               for r in window[-300:]]},
-        "prefill": prefill_view(state.gate.snapshot()),
         "config": config_to_dict(state.config),
         "timing_log": {"path": str(state.timing_log.path), "written": state.timing_log.written,
                        "lost": state.timing_log.lost},
-    }
-
-
-def prefill_view(snap: PolicySnapshot | None) -> dict[str, Any] | None:
-    """The prefill policy: its mode, the fitted batch cost, and how the active cold prompt goes on."""
-    if snap is None:
-        return None
-    choice = snap.choice
-    return {
-        "mode": snap.mode, "waiting": len(snap.waiting), "cost": snap.cost.summary(),
-        "choice": None if choice is None else {
-            "strategy": choice.strategy.value, "piece_tokens": choice.piece_tokens,
-            "predicted_piece_ms": round(choice.predicted_piece_ms, 1),
-            "predicted_streams_share": round(choice.predicted_streams_share, 3),
-            "predicted_cold_factor": round(choice.predicted_cold_factor, 2),
-            "reason": choice.reason},
     }
 
 
@@ -216,8 +196,8 @@ async def status_json(request: web.Request) -> web.Response:
     state, board = request.app[STATE], request.app[BOARD]
     board.slots.want(state, state.clock())
     body = snapshot(state, request.app[OPS], board)
-    body["warm"] = warm_status(request.app)  # pending and running warm-ups (proxy/warm)
-    body["keep_kv"] = keep_status(request.app)  # saved conversations' KV (proxy/keep)
+    for name, section in state.status_sections.items():  # prefill, warm, keep_kv: pushed
+        body[name] = section()
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 

@@ -1,9 +1,9 @@
 """The scheduler of llama-server's time, composed: the estimator, the pure policy, the keeper of
 saved KV (keep_kv, when enabled) and the warm-ups are built here together and handed to the gate as
-constructor arguments (`hooks.py`), sharing one wake-up event; the gate becomes `state.gate`, hears
-the registry, and runs the one loop that acts on llama-server's time (the warm-ups tick in it). The
-warm and keep features add their routes, metrics, status and the keeper's start around the parts
-built here.
+constructor arguments (`hooks.py`), sharing one wake-up event; the gate is published as the
+handler's `ADMISSION`, hears the registry, runs the one loop that acts on llama-server's time (the
+warm-ups tick in it), and pushes its status section and gauges to the ops pages. The warm and keep
+features add their routes, metrics, status and the keeper's start around the parts built here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
 """
@@ -18,15 +18,17 @@ from aiohttp import web
 from proxy.config import Config
 from proxy.keep.keeper import KEEPER, Keeper
 from proxy.ops.background import background
+from proxy.ops.metrics import METRICS
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
 from proxy.prefill.policy import PrefillPolicy
+from proxy.prefill.views import PrefillCollector, prefill_view
+from proxy.request.admission import ADMISSION
 from proxy.state import STATE
 from proxy.warm.routes import WARMER
 from proxy.warm.warmer import Warmer
 
-GATE = web.AppKey("slotwise_prefill_gate", PrefillGate)
 ESTIMATOR = web.AppKey("slotwise_estimator", Estimator)
 """The prompt ids of a body (the cluster feature's /render uses the same tokenizer and cache)."""
 
@@ -51,10 +53,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,
                        registry=state.registry, clock=state.clock, policy=policy, keep=keeper,
                        warm=warmer, wake=wake)
-    app[GATE], app[ESTIMATOR], app[WARMER] = gate, estimator, warmer
+    app[ADMISSION], app[ESTIMATOR], app[WARMER] = gate, estimator, warmer
     if keeper is not None:
         app[KEEPER] = keeper
-    state.gate = gate
+    state.status_sections["prefill"] = lambda: prefill_view(gate.snapshot())
+    if METRICS in app:
+        app[METRICS].registry.register(PrefillCollector(gate.snapshot))
     state.registry.subscribe(gate.on_phase)
     state.reload_checks.append(check)
     state.reload_hooks.append(lambda new: gate.reconfigure(new.prefill))

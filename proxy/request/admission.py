@@ -7,12 +7,11 @@ happens. A client that leaves cancels the await, and the gate must then forget t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+from aiohttp import web
 
 from proxy.record.flight import Flight
-
-if TYPE_CHECKING:
-    from proxy.prefill.snapshot import PolicySnapshot
 
 
 class Gate(Protocol):
@@ -20,16 +19,7 @@ class Gate(Protocol):
         """Return when the request may be forwarded; raise `Rejected` to turn it away."""
         ...
 
-    def snapshot(self) -> PolicySnapshot | None:
-        """The policy's state for the status page and `/metrics` (None: no policy)."""
-        ...
 
-
-class OpenGate:
-    """Admits everything at once: the `off` policy."""
-
-    async def admit(self, flight: Flight, body: dict[str, Any]) -> None:
-        return None
-
-    def snapshot(self) -> PolicySnapshot | None:
-        return None
+ADMISSION = web.AppKey("slotwise_admission", Gate)
+"""The gate the handler awaits, which the scheduler publishes when the app starts
+(proxy/prefill/feature.py)."""

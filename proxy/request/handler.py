@@ -21,6 +21,7 @@ from proxy.record.flight import Flight
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers
+from proxy.request.admission import ADMISSION
 from proxy.request.clientstrings import clean_text, safe_text
 from proxy.request.endpoints import Kind, classify, reads_body
 from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError, ShuttingDown
@@ -109,7 +110,7 @@ class Exchange:
                     raise intake.too_slow from None
                 raise
         model = await intake.model_body(self.state.forced_lora())
-        await self.state.gate.admit(self.flight, model.rewritten.body)
+        await self.request.app[ADMISSION].admit(self.flight, model.rewritten.body)
         return await self._forward(model.data, drop_progress=model.rewritten.progress_added)
 
     async def _forward(self, data: Any, *, drop_progress: bool) -> web.StreamResponse:

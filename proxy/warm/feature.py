@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client.core import Metric
 
 from proxy.ops.metrics import METRICS
-from proxy.state import STATE
+from proxy.state import STATE, ProxyState
 from proxy.warm.routes import WARMER, install_routes
 from proxy.warm.views import status_view, warm_metrics
 from proxy.warm.warmer import Warmer
@@ -28,12 +28,9 @@ class WarmCollector:
         return warm_metrics(w.queue, w.ended, w.computed_tokens, w.warmed_tokens)
 
 
-def warm_status(app: web.Application) -> dict[str, object] | None:
-    """The status page's `warm` section (None without the feature)."""
-    if WARMER not in app:
-        return None
-    warmer = app[WARMER]
-    return status_view(warmer.queue, warmer.knobs(), app[STATE].config.warm.enabled, warmer.ended,
+def warm_status(warmer: Warmer, state: ProxyState) -> dict[str, object]:
+    """The status page's `warm` section."""
+    return status_view(warmer.queue, warmer.knobs(), state.config.warm.enabled, warmer.ended,
                        warmer.now())
 
 
@@ -43,7 +40,8 @@ def install(app: web.Application) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    warmer = app[WARMER]
+    warmer, state = app[WARMER], app[STATE]
+    state.status_sections["warm"] = lambda: warm_status(warmer, state)
     if METRICS in app:
         app[METRICS].registry.register(WarmCollector(warmer))
     try:
