@@ -17,6 +17,7 @@ import pytest
 
 from proxy.ops.lifecycle import Operations, reload_config
 from proxy.record.flight import PrefillPlan
+from proxy.request.admission import ADMISSION
 from proxy.runner import ProxyThread
 from tests.conftest import StartProxy
 from tests.helpers import http, read_records
@@ -208,15 +209,12 @@ class HoldingGate:
         self.holding.set()
         await asyncio.Event().wait()
 
-    def snapshot(self) -> None:
-        return None
-
 
 async def test_a_request_held_at_the_end_of_the_grace_gets_slotwise_s_503(
-        fake_url: str, start_proxy: StartProxy) -> None:
+        fake_url: str, start_proxy: StartProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     proxy = start_proxy(fake_url, listen={"shutdown_grace_s": 0.3})
     gate = HoldingGate()
-    proxy.state.gate = gate
+    monkeypatch.setattr(proxy.app[ADMISSION], "admit", gate.admit)  # the scheduler holds it
     body = {"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     held = asyncio.create_task(asyncio.to_thread(http, "POST", proxy.url + "/v1/chat/completions",
                                                  body))
