@@ -27,7 +27,7 @@ def block_hashes(ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
     return out
 
 
-def _common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
+def common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
     """Leading equal hashes of two chains; chaining makes equality monotone, so bisect."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
@@ -49,7 +49,7 @@ class _Entry:
     def common(self, ids: Sequence[int], chain: list[int], block: int) -> int:
         """Tokens this entry shares with `ids` from the start: whole blocks by their hashes,
         then token by token inside the first block that differs."""
-        start = _common_blocks(self.chain, chain) * block
+        start = common_blocks(self.chain, chain) * block
         extra = 0
         for mine, theirs in zip(self.ids[start:start + block], ids[start:start + block],
                                 strict=False):
@@ -111,7 +111,7 @@ class CacheModel:
         its block chain go."""
         blocks = list(chain)
         self._entries = [e for e in self._entries
-                         if 2 * _common_blocks(e.chain, blocks) < max(1, len(blocks))]
+                         if 2 * common_blocks(e.chain, blocks) < max(1, len(blocks))]
 
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""

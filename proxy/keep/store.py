@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from proxy.estimate.cache_model import BLOCK_TOKENS
+from proxy.estimate.cache_model import BLOCK_TOKENS, common_blocks
 from proxy.keep.budget import over_budget
 from proxy.keep.values import (
     Conversation,
@@ -67,7 +67,6 @@ from proxy.keep.values import (
     SaveSlot,
     SlotState,
     Where,
-    common_blocks,
     file_name,
     keeps_restored_kv,
 )

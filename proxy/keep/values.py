@@ -2,8 +2,9 @@
 the knobs, the decisions. Values and their parsing; the store (`store.py`) decides. Pure.
 
 A conversation is a prompt prefix named by the chained hashes of its token-id blocks
-(`proxy/estimate/cache_model.py` `block_hashes`): equal hashes at block k mean equal prefixes of
-(k + 1) * 64 tokens. Neither text nor token ids are kept, only those hashes and counts.
+(`proxy/estimate/cache_model.py` `block_hashes`, compared by its `common_blocks`): equal hashes at
+block k mean equal prefixes of (k + 1) * 64 tokens. Neither text nor token ids are kept, only those
+hashes and counts.
 """
 
 from __future__ import annotations
@@ -43,18 +44,6 @@ def is_ours(name: str) -> bool:
 def is_quarantined(name: str) -> bool:
     """A file slotwise set aside after a restore of it got no answer (never restored again)."""
     return name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX + QUARANTINE_SUFFIX)
-
-
-def common_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Leading equal hashes of two chains (chaining makes equality monotone, so bisect)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class Where(enum.StrEnum):
