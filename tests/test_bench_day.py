@@ -410,15 +410,17 @@ Seen = list[tuple[str, dict[str, str], dict[str, Any]]]
 """What the fake server was sent: the path, the slotwise headers, the body."""
 
 
-def fake_server(delay_s: float, seen: Seen) -> web.Application:
-    """Answers every chat with a few tokens after `delay_s`, and every warm-up with 202."""
+def fake_server(delay_s: float, seen: Seen, pause_s: float = 0.0) -> web.Application:
+    """Answers every chat with a few tokens after `delay_s` (and `pause_s` after the first), and
+    every warm-up with 202."""
     async def chat(request: web.Request) -> web.StreamResponse:
         await note(request)
         await asyncio.sleep(delay_s)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for _ in range(3):
+        for n in range(3):
             await response.write(b'data: {"choices":[{"delta":{"content":"ab"}}]}\n\n')
+            await asyncio.sleep(pause_s if n == 0 else 0.0)
         await response.write(b'data: {"choices":[],"timings":{"prompt_n":5,"cache_n":1,'
                              b'"prompt_ms":1.0}}\n\ndata: [DONE]\n\n')
         return response
@@ -438,11 +440,12 @@ def fake_server(delay_s: float, seen: Seen) -> web.Application:
     return app
 
 
-async def play_on_fake(plan: DayPlan, delay_s: float, *, warm: bool) -> tuple[list[Call], Seen]:
+async def play_on_fake(plan: DayPlan, delay_s: float, *, warm: bool, pause_s: float = 0.0
+                       ) -> tuple[list[Call], Seen]:
     from proxy.bench.day_run import play_day
 
     seen: Seen = []
-    runner = web.AppRunner(fake_server(delay_s, seen), shutdown_timeout=0.1)
+    runner = web.AppRunner(fake_server(delay_s, seen, pause_s), shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -479,7 +482,17 @@ async def test_a_day_that_stalls_is_cut_and_says_what_was_not_played() -> None:
     calls, _ = await play_on_fake(plan, 1.0, warm=False)
     assert calls and not any(c.ok for c in calls)  # those in flight when it was cut
     assert len(calls) < plan.requests()
-    assert sorted(day_figures(calls)["failed"]) == sorted(c.id for c in calls)
+    figures = day_figures(calls)
+    assert figures["failed"] == [] and sorted(figures["cut"]) == sorted(c.id for c in calls)
+
+
+async def test_a_reply_the_day_cuts_keeps_its_first_token_and_says_its_client_left() -> None:
+    plan = replace(plan_day(0.01), limit_s=0.5)
+    calls, _ = await play_on_fake(plan, 0.0, warm=False, pause_s=5.0)
+    cut = [c for c in calls if c.cut]
+    assert cut and all(c.ok and c.result.ttft is not None for c in cut)
+    assert {r["outcome"] for r in client_records(cut, WALL)} == {"client_gone"}
+    assert day_figures(calls)["failed"] == []
 
 
 # -- on a real llama-server ----------------------------------------------------------------------

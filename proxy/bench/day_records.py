@@ -36,6 +36,8 @@ class Call:
     purpose: str
     lora: list[dict[str, Any]] | None
     result: StreamResult
+    cut: bool = False
+    """The day ended while it ran (its client closed it, as a user leaving would)."""
 
     @property
     def prefill_start(self) -> float | None:
@@ -66,7 +68,15 @@ class Call:
 
     @property
     def ok(self) -> bool:
+        """It streamed its reply: to the end, or until the day was cut."""
         return self.result.status == 200 and bool(self.result.tokens)
+
+    @property
+    def outcome(self) -> str:
+        """As slotwise's record says it: a call the day cut is one its client left."""
+        if self.cut:
+            return "client_gone"
+        return "done" if self.ok else "upstream_error"
 
 
 def client_records(calls: Sequence[Call], wall_offset: float) -> list[dict[str, Any]]:
@@ -84,7 +94,7 @@ def client_record(call: Call, everyone: Sequence[Call], wall_offset: float) -> d
     return {
         "id": call.id, "start": datetime.fromtimestamp(r.sent + wall_offset, UTC).isoformat(),
         "method": "POST", "endpoint": CHAT_ENDPOINT, "kind": "chat", "status": r.status,
-        "stream": True, "outcome": "done" if call.ok else "upstream_error",
+        "stream": True, "outcome": call.outcome,
         "client": call.who, "purpose": call.purpose,
         "ttft_ms": _ms(r.sent, tokens[0]) if tokens else None,
         "decode_ms": _ms(tokens[0], tokens[-1]) if tokens else None,
@@ -137,7 +147,8 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
         "after_summary": [_turn(c, by_id) for c in ordered if c.act is Act.RESUME],
         "longest_gap_s": longest_gaps(ordered),
         "requests": len(ordered),
-        "failed": [c.id for c in ordered if not c.ok],
+        "failed": [c.id for c in ordered if not c.ok and not c.cut],
+        "cut": [c.id for c in ordered if c.cut],
         "day_s": (max(c.end for c in ordered) - ordered[0].result.sent) if ordered else None,
     }
 

@@ -42,16 +42,19 @@ class DayClient:
 
     async def send(self, user: User, step: Step, messages: talk.Messages, request_id: str) -> Call:
         payload = talk.body(messages, step, user)
-        result = StreamResult(sent=time.monotonic())
+        result, cut = StreamResult(sent=time.monotonic()), False
         try:
-            result = await timed_stream(self.http, self.url, payload, detail=True,
-                                        headers=talk.headers(user, step.act, request_id))
+            await timed_stream(self.http, self.url, payload, detail=True,
+                               headers=talk.headers(user, step.act, request_id), into=result)
         except (aiohttp.ClientError, TimeoutError):
-            pass  # a failed call: no status, no tokens
-        finally:  # also when the day is cut while it runs
+            pass  # a failed call: what it saw before it failed
+        except asyncio.CancelledError:
+            cut = True  # the day ended while it ran: its first token and gaps so far still count
+            raise
+        finally:
             result.ended = time.monotonic() if result.ended is None else result.ended
             call = Call(request_id, user.name, step.act, PURPOSE[step.act], payload.get("lora"),
-                        result)
+                        result, cut=cut)
             self.calls.append(call)
         return call
 

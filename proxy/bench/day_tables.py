@@ -134,6 +134,7 @@ def day_grid(runs: Runs, where: str = "") -> Table:
     for who in first["longest_gap_s"]:
         grid.add_row(f"  {who}", *_cells(runs, paths, _gap(who), "s"))
     grid.add_row("requests failed", *_cells(runs, paths, _failed, ""))
+    grid.add_row("requests cut by the day's end", *_cells(runs, paths, _cut, ""))
     if any(f.get("not_played") for run in runs for f in run.values()):
         grid.add_row("requests not played (the day was cut)",
                      *_cells(runs, paths, _not_played, ""))
@@ -154,6 +155,10 @@ def _gap(who: str) -> Pick:
 
 def _failed(figures: Mapping[str, Any]) -> int:
     return len(figures["failed"])
+
+
+def _cut(figures: Mapping[str, Any]) -> int:
+    return len(figures.get("cut") or ())
 
 
 def _not_played(figures: Mapping[str, Any]) -> int:

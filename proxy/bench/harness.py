@@ -115,11 +115,12 @@ class StreamResult:
 
 
 async def timed_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], *,
-                       headers: Mapping[str, str] | None = None, detail: bool = False
-                       ) -> StreamResult:
+                       headers: Mapping[str, str] | None = None, detail: bool = False,
+                       into: StreamResult | None = None) -> StreamResult:
     """POST a streaming chat request; note when each token event arrives. With `detail`, each
-    event is decoded too, for the reply's text and the server's timings (costs the client CPU)."""
-    result = StreamResult(sent=time.monotonic())
+    event is decoded too, for the reply's text and the server's timings (costs the client CPU).
+    `into`: the result to fill, so a caller that cancels the call keeps what it saw."""
+    result = into if into is not None else StreamResult(sent=time.monotonic())
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
         result.headers = time.monotonic()
         result.status = response.status
