@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config import Config, parse_config
 from proxy.record.flight import Flight
+from proxy.record.kind import Kind
 from proxy.record.timing import RequestTimer
-from proxy.request.endpoints import Kind
 from proxy.runner import ProxyThread
 
 

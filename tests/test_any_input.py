@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.record.clientstrings import MAX_CHARS, REPLACEMENT
 from proxy.record.refusals import WHOLE_PER_MINUTE, requests_in
-from proxy.request.clientstrings import MAX_CHARS, REPLACEMENT
 from proxy.runner import ProxyThread
 from tests.helpers import http, read_records
 

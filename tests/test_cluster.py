@@ -19,9 +19,9 @@ from proxy.config import ConfigError, PrefillConfig, parse_config
 from proxy.estimate import EstimateError, NotEstimable
 from proxy.prefill.estimator import Estimator
 from proxy.record.flight import Flight, Phase
+from proxy.record.kind import Kind
 from proxy.record.timing import RequestTimer
 from proxy.report.nodes import group_by_node, nodes_table
-from proxy.request.endpoints import Kind
 from proxy.request.headers import router_client
 from proxy.request.rewrite import client_key
 from proxy.upstream import UpstreamCallError

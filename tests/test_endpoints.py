@@ -12,7 +12,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.request.endpoints import GENERATING, Kind, classify, reads_body
+from proxy.record.kind import Kind
+from proxy.request.endpoints import GENERATING, classify, reads_body
 from tests.conftest import StartProxy
 from tests.helpers import http, read_records, serve_app
 

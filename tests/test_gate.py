@@ -19,7 +19,7 @@ from proxy.prefill.hooks import Restored
 from proxy.prefill.layout import ServerLayout
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
-from proxy.request.endpoints import Kind
+from proxy.record.kind import Kind
 from proxy.request.errors import Rejected
 from proxy.warm.values import Load, Sizer
 from tests.helpers import make_flight

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.request.endpoints import Kind
+from proxy.record.kind import Kind
 from proxy.request.usage import prompt_counts
 
 

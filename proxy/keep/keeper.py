@@ -47,7 +47,7 @@ from proxy.prefill.estimator import Estimator
 from proxy.prefill.events import Restorable
 from proxy.prefill.hooks import Restored
 from proxy.record.flight import Flight, Phase
-from proxy.request.endpoints import Kind
+from proxy.record.kind import Kind
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamCallError
 

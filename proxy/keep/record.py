@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from proxy.record.flight import Flight
+from proxy.record.kind import Kind
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
-from proxy.request.endpoints import Kind
 
 SAVE_KIND = "kv_save"
 RESTORE_KIND = "kv_restore"

@@ -78,24 +78,16 @@ class StatusBoard:
     """The recent finished requests (a record observer) and the slots view."""
 
     def __init__(self) -> None:
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_MAX)
+        self.recent: deque[tuple[float, Record]] = deque(maxlen=RECENT_MAX)
+        """The finished generating requests' records, with the Unix time each ended."""
         self.slots = SlotsView()
 
     def observe_record(self, record: Record) -> None:
-        if record.kind not in GENERATING:
-            return
-        timings = record.timings or {}
-        self.recent.append({
-            "at": time.time(), "id": record.id, "purpose": record.purpose,
-            "outcome": record.outcome, "ttft_ms": record.ttft_ms,
-            "gap_max_ms": record.gap_max_ms, "gap_p95_ms": record.gap_p95_ms,
-            "worst_3s_rate": record.worst_3s_rate, "queue_ms": record.queue_ms,
-            "total_ms": record.total_ms, "config_gen": record.config_gen,
-            "prefill_plan": record.prefill_plan, "new_tokens": timings.get("prompt_n"),
-        })
+        if record.kind in GENERATING:
+            self.recent.append((time.time(), record))
 
-    def window(self, now_wall: float) -> list[dict[str, Any]]:
-        while self.recent and now_wall - self.recent[0]["at"] > RECENT_S:
+    def window(self, now_wall: float) -> list[tuple[float, Record]]:
+        while self.recent and now_wall - self.recent[0][0] > RECENT_S:
             self.recent.popleft()
         return list(self.recent)
 
@@ -137,23 +129,24 @@ def current_rate(tokens: list[float], now: float) -> float:
     return round(count / span, 1) if span > 0.05 else 0.0
 
 
-def summary(window: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(records: list[Record]) -> dict[str, Any]:
     """TTFT and stall figures over the recent finished requests."""
 
-    def stats(key: str) -> dict[str, float | None]:
-        values = sorted(r[key] for r in window if isinstance(r.get(key), int | float))
-        if not values:
+    def stats(values: list[float | None]) -> dict[str, float | None]:
+        known = sorted(v for v in values if v is not None)
+        if not known:
             return {"p50": None, "p95": None, "max": None, "n": 0}
-        return {"p50": percentile(values, 50), "p95": percentile(values, 95),
-                "max": values[-1], "n": len(values)}
+        return {"p50": percentile(known, 50), "p95": percentile(known, 95),
+                "max": known[-1], "n": len(known)}
 
-    rates = [r["worst_3s_rate"] for r in window if isinstance(r.get("worst_3s_rate"), int | float)]
+    rates = [r.worst_3s_rate for r in records if r.worst_3s_rate is not None]
     return {
-        "requests": len(window),
-        "failed": sum(1 for r in window if r.get("outcome") != "done"),
-        "ttft_ms": stats("ttft_ms"), "gap_max_ms": stats("gap_max_ms"),
-        "queue_ms": stats("queue_ms"),
-        "stalls_1s": sum(1 for r in window if (r.get("gap_max_ms") or 0) >= 1000),
+        "requests": len(records),
+        "failed": sum(1 for r in records if r.outcome != "done"),
+        "ttft_ms": stats([r.ttft_ms for r in records]),
+        "gap_max_ms": stats([r.gap_max_ms for r in records]),
+        "queue_ms": stats([r.queue_ms for r in records]),
+        "stalls_1s": sum(1 for r in records if (r.gap_max_ms or 0) >= 1000),
         "worst_3s_rate_min": min(rates) if rates else None,
     }
 
@@ -179,9 +172,9 @@ def snapshot(state: ProxyState, ops: Operations, board: StatusBoard) -> dict[str
         "slots": {"slots": board.slots.slots, "error": board.slots.error,
                   "age_s": round(now - board.slots.fetched_at, 1)
                   if board.slots.fetched_at else None},
-        "recent": {"window_s": RECENT_S, "summary": summary(window),
-                   "points": [{k: r[k] for k in ("at", "ttft_ms", "gap_max_ms", "outcome")}
-                              for r in window[-300:]]},
+        "recent": {"window_s": RECENT_S, "summary": summary([r for _, r in window]),
+                   "points": [{"at": at, "ttft_ms": r.ttft_ms, "gap_max_ms": r.gap_max_ms,
+                               "outcome": r.outcome} for at, r in window[-300:]]},
         "config": config_to_dict(state.config),
         "timing_log": {"path": str(state.timing_log.path), "written": state.timing_log.written,
                        "lost": state.timing_log.lost},

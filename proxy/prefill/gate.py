@@ -40,7 +40,8 @@ from proxy.prefill.sharers import Sharers
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.inflight import Registry
-from proxy.request.endpoints import GENERATING, Kind
+from proxy.record.kind import Kind
+from proxy.request.endpoints import GENERATING
 from proxy.request.errors import Rejected
 
 log = logging.getLogger("slotwise.prefill")

@@ -14,8 +14,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.record.kind import Kind
 from proxy.record.timing import RequestTimer
-from proxy.request.endpoints import Kind
 
 
 class Phase(enum.StrEnum):

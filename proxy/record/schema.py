@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
+from proxy.record.clientstrings import MAX_CHARS, clean_id, clean_text, safe_text
 from proxy.record.flight import Flight
-from proxy.request.clientstrings import MAX_CHARS, clean_id, clean_text, safe_text
 
 MAX_PATH_CHARS = 512
 MAX_ERROR_CHARS = 1000
@@ -108,7 +108,7 @@ OVERLAP_FIELDS = tuple(f.name for f in fields(Overlap))
 
 def build_record(flight: Flight) -> Record:
     """The record of a finished request. Every string the client chose is capped and printable
-    already (`proxy/request/clientstrings.py`); they are made safe once more here, so a record can
+    already (`proxy/record/clientstrings.py`); they are made safe once more here, so a record can
     always be written as JSON whatever reached the `Flight`."""
     timer, prefill = flight.timer, flight.prefill
     figures = timer.figures()

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from proxy.config import ConfigError
+from proxy.record.clientstrings import clean_id
 from proxy.record.log_limit import LogLimit
 from proxy.record.schema import Record
-from proxy.request.clientstrings import clean_id
 
 log = logging.getLogger("slotwise.timing")
 

@@ -11,22 +11,7 @@ are recorded under their kind and relayed as they come, like everything else (`/
 
 from __future__ import annotations
 
-import enum
-
-
-class Kind(enum.StrEnum):
-    CHAT = "chat"
-    COMPLETIONS = "completions"  # OpenAI /v1/completions
-    COMPLETION = "completion"  # llama.cpp native /completion
-    INFILL = "infill"
-    MESSAGES = "messages"  # Anthropic-style /v1/messages
-    RESPONSES = "responses"  # OpenAI /v1/responses
-    EMBEDDINGS = "embeddings"
-    RERANK = "rerank"
-    TRANSCRIPTION = "transcription"  # audio in a multipart form: the body is never read
-    DECISION = "decision"  # /v1/systemone, for decision models
-    OTHER = "other"
-
+from proxy.record.kind import Kind
 
 _MODEL_PATHS: dict[str, Kind] = {
     "/chat/completions": Kind.CHAT,

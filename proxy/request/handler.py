@@ -17,13 +17,14 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.cluster.node import node_name
+from proxy.record.clientstrings import clean_text, safe_text
 from proxy.record.flight import Flight
+from proxy.record.kind import Kind
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers
 from proxy.request.admission import ADMISSION
-from proxy.request.clientstrings import clean_text, safe_text
-from proxy.request.endpoints import Kind, classify, reads_body
+from proxy.request.endpoints import classify, reads_body
 from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError, ShuttingDown
 from proxy.request.headers import (
     CLIENT_HEADER,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from multidict import CIMultiDict
 
-from proxy.request.clientstrings import clean_id, clean_text
+from proxy.record.clientstrings import clean_id, clean_text
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",

@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 
+from proxy.record.clientstrings import safe_text
 from proxy.record.log_limit import LogLimit
 from proxy.record.schema import Record
-from proxy.request.clientstrings import safe_text
 from proxy.state import STATE
 
 log = logging.getLogger("slotwise.proxy")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.request.clientstrings import clean_text
-from proxy.request.endpoints import Kind
+from proxy.record.clientstrings import clean_text
+from proxy.record.kind import Kind
 
 # Endpoints whose streams can carry `prompt_progress` chunks (llama-server's completion tasks).
 _PROGRESS_KINDS = frozenset({Kind.CHAT, Kind.COMPLETIONS, Kind.COMPLETION, Kind.INFILL})

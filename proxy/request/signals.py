@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from proxy.request.endpoints import Kind
+from proxy.record.kind import Kind
 from proxy.request.sse import SseEvent
 from proxy.request.usage import prompt_counts
 

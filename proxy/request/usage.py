@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.request.endpoints import Kind
+from proxy.record.kind import Kind
 
 NESTED = {Kind.MESSAGES: "message", Kind.RESPONSES: "response"}
 """Where a stream of these kinds carries its usage: `message_start.message.usage`,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from proxy.record.flight import Flight, PrefillPlan
+from proxy.record.kind import Kind
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
-from proxy.request.endpoints import Kind
 from proxy.warm.values import Outcome, WarmUp
 
 WARM_KIND = "warm"

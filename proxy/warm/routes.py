@@ -19,9 +19,9 @@ from proxy.cluster.node import node_name
 from proxy.cluster.render import render_error
 from proxy.config import ADMIN_CLIENT
 from proxy.estimate import EstimateError
+from proxy.record.clientstrings import clean_text
 from proxy.record.flight import Flight
 from proxy.request.access import Allow, Refuse, decide
-from proxy.request.clientstrings import clean_text
 from proxy.request.endpoints import classify
 from proxy.request.errors import PROXY_ERROR_HEADER, ProxyError, Rejected
 from proxy.request.headers import CLIENT_HEADER, PURPOSE_HEADER, REQUEST_ID_HEADER

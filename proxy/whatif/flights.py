@@ -11,10 +11,10 @@ from typing import Any
 
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
+from proxy.record.kind import Kind
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.report.records import num
-from proxy.request.endpoints import Kind
 from proxy.whatif.requests import Job
 from proxy.whatif.slots import Task
 
