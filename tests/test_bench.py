@@ -35,6 +35,15 @@ def test_an_unknown_arrival_pattern_is_refused_by_name() -> None:
         Scenario(arrivals="bursty").short_offsets()
 
 
+def test_an_unknown_set_up_is_refused_by_name_before_anything_runs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli.main import main
+
+    assert main(["bench", "contention", "--setups", "np4,np9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown set-up np9" in err and "recommended" in err and "set-up np4" not in err
+
+
 def test_each_piece_computes_only_its_own_tokens_on_top_of_the_cached_prefix(
         start_llama_server: StartLlamaServer) -> None:
     server = start_llama_server(lora=False, args=["-np", "3", "--no-cache-idle-slots"])

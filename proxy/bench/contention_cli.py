@@ -217,7 +217,7 @@ def setups(args: argparse.Namespace) -> dict[str, list[str]]:
     names = list(SETUPS) if args.setups == "all" else [n.strip() for n in args.setups.split(",")]
     unknown = [n for n in names if n not in SETUPS]
     if unknown:
-        raise SystemExit(f"--setups: unknown set-up {', '.join(unknown)} (valid: "
+        raise ValueError(f"--setups: unknown set-up {', '.join(unknown)} (valid: "
                          f"{', '.join(SETUPS)}, all)")
     return {name: list(SETUPS[name]) for name in names}
 
@@ -227,12 +227,17 @@ def run_contention(args: argparse.Namespace) -> int:
     sc = scenario(args)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     beside = cpu_competitor if args.competitor else contextlib.nullcontext
+    try:
+        chosen = setups(args)
+    except ValueError as exc:
+        console.print(f"slotwise: {exc}", markup=False)
+        return 2
     every: list[dict[str, Any]] = []
     for n in range(args.repeat):
         if args.repeat > 1:
             console.print(f"[dim]run {n + 1} of {args.repeat}[/dim]")
         one: dict[str, Any] = {}
-        for name, server_args in setups(args).items():
+        for name, server_args in chosen.items():
             work = temp_dir("slotwise-contention-")
             console.print(f"[dim]set-up {name}[/dim]")
             runs, bases = measure(work / "model", work, sc, _overrides(args.prefill), paths=paths,
