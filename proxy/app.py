@@ -64,7 +64,7 @@ async def write_refusal_summaries(state: ProxyState) -> None:
     while True:
         await asyncio.sleep(REFUSAL_SUMMARIES_EVERY_S)
         try:
-            state.write_refusal_summaries()
+            state.emit_summaries()
         except Exception:  # the next round tries again; the log says why
             log.exception("writing the summaries of refused requests failed")
 
@@ -94,7 +94,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         finally:
             summaries.cancel()
             await session.close()
-            state.write_refusal_summaries(every=True)
+            state.emit_summaries(every=True)
             state.timing_log.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -69,28 +69,25 @@ class ProxyState:
         for hook in self.reload_hooks:
             hook(new)
 
-    def write_record(self, record: Record, peer: str | None) -> None:
-        """The one record of a finished request: to the timing log (a refusal perhaps only counted,
-        for a summary: `proxy/record/refusals.py`), and to every observer."""
-        if self.refusals.admit(record, peer, self.clock()):
+    def emit(self, record: Record, *, peer: str | None = None, sample: bool = False) -> None:
+        """The one way a record is written: to the timing log and to every observer. `sample`: a
+        request's record, which the log may only count if it is a refusal from `peer`, for a summary
+        (`proxy/record/refusals.py`); every other record is written whole. Observers see it always."""
+        if not sample or self.refusals.admit(record, peer, self.clock()):
             self.timing_log.write(record)
-        self.observe_record(record)
+        for observer in self.record_observers:
+            try:
+                observer(record)
+            except Exception:  # a failing observer never harms the request
+                log.exception("a record observer failed on %s", record.id)
 
-    def write_refusal_summaries(self, *, every: bool = False) -> None:
+    def emit_summaries(self, *, every: bool = False) -> None:
         """The summaries of the refusals not written whole, whose minute is over (`every`: all of
-        them, slotwise is stopping). They stand for requests already observed: the log only."""
+        them, slotwise is stopping). The log only: they stand for requests the observers saw."""
         summaries = self.refusals.flush() if every else self.refusals.due(self.clock())
         for summary in summaries:
             rid = self.ids.issue(None, lambda taken: self.registry.get(taken) is not None)
             self.timing_log.write(summary_record(summary, rid, self.refusals.whole))
-
-    def observe_record(self, record: Record) -> None:
-        """Hand a finished record to every observer; a failing observer never harms the request."""
-        for observer in self.record_observers:
-            try:
-                observer(record)
-            except Exception:
-                log.exception("a record observer failed on %s", record.id)
 
     def own_headers(self) -> dict[str, str]:
         """Headers for slotwise's own calls to the upstream (the API key of the config in force,

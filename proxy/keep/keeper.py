@@ -421,8 +421,7 @@ class Keeper:
             flight.prefill.note = note
         record = kv_record(flight, kind, self._state.clock())
         (self.saves if kind == SAVE_KIND else self.restores)[outcome] += 1
-        self._state.timing_log.write(record)
-        self._state.observe_record(record)
+        self._state.emit(record)
 
 
 KEEPER = web.AppKey("slotwise_keeper", Keeper)

@@ -204,4 +204,4 @@ class Exchange:
             log.exception("building the record of %s failed", self.flight.id)
             record = Record(id=self.flight.id, outcome="proxy_error",
                             error="slotwise could not build this record")
-        self.state.write_record(record, self.request.remote)
+        self.state.emit(record, peer=self.request.remote, sample=True)

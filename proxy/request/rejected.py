@@ -66,7 +66,7 @@ class ParserErrors(logging.LoggerAdapter[logging.Logger]):
             id=state.ids.issue(None, lambda taken: state.registry.get(taken) is not None),
             start=datetime.now(UTC).isoformat(timespec="milliseconds"), kind="other", status=400,
             outcome="bad_request", error=f"not valid HTTP: {reason}", config_gen=state.config_gen)
-        state.write_record(record, peer if isinstance(peer, str) else None)
+        state.emit(record, peer=peer if isinstance(peer, str) else None, sample=True)
 
 
     def told(self, line: str) -> None:

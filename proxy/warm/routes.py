@@ -101,9 +101,7 @@ async def post_warm(request: web.Request) -> web.Response:
     finally:
         if not handed_over:  # refused: its one record now (an accepted one's when it ends)
             flight.timer.on_end(state.clock())
-            record = warm_record(flight, None)
-            state.timing_log.write(record)
-            state.observe_record(record)
+            state.emit(warm_record(flight, None))
 
 
 def _accepted(flight: Flight, warm: WarmUp, warmer: Warmer) -> web.Response:

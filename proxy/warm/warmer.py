@@ -260,7 +260,6 @@ class Warmer:
             flight.prefill_end = flight.timer.prefill_done or now
             self._state.registry.finish(flight, now)
         record = warm_record(flight, warm)
-        self._state.timing_log.write(record)
-        self._state.observe_record(record)
+        self._state.emit(record)
         self.ended[record.outcome] += 1
         self.computed_tokens += warm.computed
