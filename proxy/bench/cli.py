@@ -13,10 +13,11 @@ from proxy.bench.cluster import add_cluster
 from proxy.bench.contention_cli import add_contention
 from proxy.bench.day_cli import add_day
 from proxy.bench.keep import add_keep
-from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.output import figures_table, show
 from proxy.bench.pieces_cli import add_pieces
 from proxy.bench.soak_cli import add_soak
 from proxy.bench.warm_cli import add_warm
+from proxy.testbed.args import positive_int
 
 if TYPE_CHECKING:
     from proxy.bench.overhead import OverheadFigures

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.bench.harness import temp_dir, timed_stream
-from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.output import figures_table, show
+from proxy.testbed.args import positive_int
 from proxy.testbed.cluster import Cluster
 from proxy.testbed.words import filler
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
-from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
+from proxy.bench.harness import StreamResult, timed_stream
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.slotwise import SlotwiseProcess
 from proxy.testbed.words import filler
 
 SERVER_ARGS = ("-np", "5", "-c", "40960", "--no-cache-idle-slots")

@@ -25,9 +25,10 @@ from proxy.bench.contention import (
     pct,
 )
 from proxy.bench.harness import temp_dir
-from proxy.bench.output import figures_table, positive_int, print_table
+from proxy.bench.output import figures_table, print_table
 from proxy.bench.setups import FIELD, FIELD_ARGS, SETUPS, cpu_competitor
 from proxy.bench.setups_table import setups_table
+from proxy.testbed.args import positive_int
 
 PREFILL = {"cold_tokens": 1000}
 """The slotwise runs use the shipped defaults except a cold threshold below the cold prompt."""

@@ -15,7 +15,8 @@ from rich.console import Console
 from proxy.bench.day import DAY_SETUPS, DEFAULT_SETUPS, PATHS, DayPlan, plan_day, server_args
 from proxy.bench.day_tables import REPORT_KEYS, day_grid, report_grid
 from proxy.bench.harness import temp_dir
-from proxy.bench.output import positive_int, print_table
+from proxy.bench.output import print_table
+from proxy.testbed.args import positive_int
 
 
 def add_day(commands: Any) -> None:

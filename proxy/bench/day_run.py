@@ -21,12 +21,13 @@ from proxy.bench import day_talk as talk
 from proxy.bench.day import PURPOSE, Act, DayPlan, Step, User, server_args, slotwise_tables
 from proxy.bench.day_records import Call, client_records, day_figures
 from proxy.bench.day_tables import report_tables
-from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
+from proxy.bench.harness import StreamResult, timed_stream
 from proxy.bench.keep_run import session, wait_until
 from proxy.bench.warm import first_request, post_warm
 from proxy.report.records import InputError, TimingLog, load_timing_log
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.slotwise import SlotwiseProcess
 
 STARTUP_S = 180.0
 

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from proxy.bench.harness import temp_dir
 from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn, measure
-from proxy.bench.output import figures_table, percent, positive_int, print_table, seconds
+from proxy.bench.output import figures_table, percent, print_table, seconds
+from proxy.testbed.args import positive_int
 from proxy.testbed.model import write_model
 
 FOUND = 0.95

@@ -28,9 +28,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
+from proxy.bench.harness import StreamResult, timed_stream
 from proxy.keep.index import INDEX_NAME
 from proxy.testbed.server import LlamaServer, free_port
+from proxy.testbed.slotwise import SlotwiseProcess
 from proxy.testbed.words import filler
 
 PREFILL = {"mode": "chunk"}

@@ -1,10 +1,10 @@
 """How the benchmarks and the demo print: tables with little chrome, laid out by
-proxy/report/fit.py so that no figure is cut, their JSON, and the argument type their options share.
+proxy/report/fit.py so that no figure is cut, and their JSON (the argument type their options share is
+`proxy/testbed/args.py`'s).
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import orjson
@@ -25,17 +25,6 @@ def show(table: Table, figures: dict[str, Any], *, as_json: bool) -> int:
     if as_json:
         print(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
     return 0
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
 
 
 def seconds(value: float | None) -> str:

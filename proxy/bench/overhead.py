@@ -12,9 +12,10 @@ from typing import Any
 
 import aiohttp
 
-from proxy.bench.harness import SlotwiseProcess, StreamResult, temp_dir, timed_stream
+from proxy.bench.harness import StreamResult, temp_dir, timed_stream
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.slotwise import SlotwiseProcess
 
 PROMPT = [{"role": "user", "content": "Say something about the weather in spring."}]
 

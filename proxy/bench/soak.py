@@ -23,10 +23,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.bench.harness import SlotwiseProcess
 from proxy.bench.soak_clients import Clients, Limits, Tally
 from proxy.bench.soak_upstream import GAPS_S, make_app
 from proxy.record.refusals import requests_in
+from proxy.testbed.slotwise import SlotwiseProcess
 
 LIMITS = Limits(header_timeout_s=1.0, body_timeout_s=1.0)
 LONG_S = 5.0

@@ -9,8 +9,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.output import figures_table, positive_int, show
+from proxy.bench.output import figures_table, show
 from proxy.bench.soak import SoakFigures, run
+from proxy.testbed.args import positive_int
 
 
 def add_soak(commands: Any) -> None:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.bench.harness import SlotwiseProcess, temp_dir
+from proxy.bench.harness import temp_dir
 from proxy.bench.overhead import measure_rate, measure_ttft
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.slotwise import SlotwiseProcess
 
 
 class VersionError(Exception):

@@ -26,9 +26,10 @@ from typing import Any
 import aiohttp
 
 from proxy.bench.contention import SERVER_ARGS, decode_rate
-from proxy.bench.harness import SlotwiseProcess, StreamResult, timed_stream
+from proxy.bench.harness import StreamResult, timed_stream
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
+from proxy.testbed.slotwise import SlotwiseProcess
 from proxy.testbed.words import filler
 
 WARM_PATH = "/slotwise/warm/v1/chat/completions"

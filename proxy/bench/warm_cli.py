@@ -11,8 +11,9 @@ from rich.table import Table
 
 from proxy.bench.contention import SERVER_ARGS
 from proxy.bench.harness import temp_dir
-from proxy.bench.output import figures_table, percent, positive_int, seconds, show
+from proxy.bench.output import figures_table, percent, seconds, show
 from proxy.bench.warm import WarmFigures, WarmScenario, measure
+from proxy.testbed.args import positive_int
 
 
 def add_warm(commands: Any) -> None:

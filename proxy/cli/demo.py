@@ -18,9 +18,10 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from proxy.bench.harness import SlotwiseProcess, StreamResult, temp_dir
+from proxy.bench.harness import StreamResult, temp_dir
 from proxy.bench.output import figures_table, print_table
 from proxy.report.cells import fmt
+from proxy.testbed.slotwise import SlotwiseProcess
 from proxy.testbed.words import filler
 
 Felt = tuple[str, StreamResult]

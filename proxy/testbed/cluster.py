@@ -17,9 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from proxy.bench.harness import SlotwiseProcess
 from proxy.testbed.model import ModelFiles, write_model
 from proxy.testbed.server import LlamaServer, free_port
+from proxy.testbed.slotwise import SlotwiseProcess
 
 POLICIES = ("cache_aware", "power_of_two", "consistent_hash", "sticky_least_loaded", "round_robin",
             "random")

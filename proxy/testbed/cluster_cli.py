@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from proxy.bench.output import positive_int
+from proxy.testbed.args import positive_int
 from proxy.testbed.binary import BinaryError
 from proxy.testbed.cluster import POLICIES, Cluster, RouterMissing
 from proxy.testbed.server import ServerStartError
