@@ -32,7 +32,7 @@ from proxy.bench.day_records import Call, client_record, client_records, day_fig
 from proxy.bench.day_tables import REPORT_KEYS, cell, day_grid, report_grid, report_tables
 from proxy.bench.harness import StreamResult
 from proxy.bench.output import print_table
-from proxy.report.records import TimingLog, load_timing_log
+from proxy.report.records import LoadedTimingLog, load_timing_log
 from proxy.report.tables import Thresholds
 
 WALL = 1_780_000_000.0
@@ -283,7 +283,7 @@ def test_the_reports_tables_are_built_from_the_client_records(tmp_path: object) 
 
 
 def test_an_empty_log_gives_tables_with_empty_rows() -> None:
-    tables = report_tables((), TimingLog("none", (), 0, ()), Thresholds())
+    tables = report_tables((), LoadedTimingLog("none", (), 0, ()), Thresholds())
     assert all(r["n"] == 0 for r in rows(tables["ttft_short"]).values())
 
 

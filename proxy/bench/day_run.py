@@ -24,7 +24,7 @@ from proxy.bench.day_tables import report_tables
 from proxy.bench.harness import StreamResult, timed_stream
 from proxy.bench.keep_run import session, wait_until
 from proxy.bench.warm import first_request, post_warm
-from proxy.report.records import InputError, TimingLog, load_timing_log
+from proxy.report.records import InputError, LoadedTimingLog, load_timing_log
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
 from proxy.testbed.slotwise import SlotwiseProcess
@@ -165,7 +165,7 @@ def _evening(model: ModelFiles, plan: DayPlan, args: list[str], work: Path, save
 
 
 def _day(model: ModelFiles, plan: DayPlan, args: list[str], path: str, work: Path, save: Path
-         ) -> tuple[list[Call], TimingLog, list[dict[str, Any]], int]:
+         ) -> tuple[list[Call], LoadedTimingLog, list[dict[str, Any]], int]:
     """The day on a fresh llama-server, direct or through slotwise; the calls, the timing records
     the tables come from (slotwise's own, or the client's for a direct path), slotwise's records."""
     with _server(model, args, work / "llama-server.log") as server:
@@ -186,15 +186,15 @@ async def _wait_keep(sw: SlotwiseProcess) -> None:
         await wait_until(http, sw, "working", 1, "the keep_kv probe")
 
 
-def _client_log(work: Path, calls: list[Call], offset: float) -> TimingLog:
+def _client_log(work: Path, calls: list[Call], offset: float) -> LoadedTimingLog:
     """The calls as timing records in `work/client.jsonl` (`slotwise report` reads it too)."""
     path = work / "client.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in client_records(calls, offset)))
     return _load(path)
 
 
-def _load(path: Path) -> TimingLog:
+def _load(path: Path) -> LoadedTimingLog:
     try:
         return load_timing_log(str(path))
     except InputError:  # no request reached the log: the tables say so with empty rows
-        return TimingLog(str(path), (), 0, ())
+        return LoadedTimingLog(str(path), (), 0, ())

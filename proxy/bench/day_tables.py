@@ -14,7 +14,7 @@ from rich.table import Table
 
 from proxy.bench.output import figures_table
 from proxy.report.cells import TIME_UNITS, fmt, time_number, time_unit
-from proxy.report.records import RecordLine, TimingLog
+from proxy.report.records import LoadedTimingLog, RecordLine
 from proxy.report.render import table_dict
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds
@@ -29,7 +29,7 @@ Pick = Callable[[Mapping[str, Any]], float | int | None]
 """Takes one figure out of a path's day figures (KeyError, IndexError: it has none)."""
 
 
-def report_tables(records: Sequence[RecordLine], log: TimingLog, th: Thresholds
+def report_tables(records: Sequence[RecordLine], log: LoadedTimingLog, th: Thresholds
                   ) -> dict[str, dict[str, Any]]:
     """The report's tables of one path, by key, as `slotwise report --format json` has them."""
     report = timing_report(log.path, records, log, th)

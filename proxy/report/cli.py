@@ -19,8 +19,8 @@ from proxy.report.model import Report, Span
 from proxy.report.pairing import pair
 from proxy.report.records import (
     InputError,
+    LoadedTimingLog,
     RecordLine,
-    TimingLog,
     first_pieces,
     load_timing_log,
     parse_time,
@@ -148,8 +148,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _side(
-    spec: str, log: TimingLog | None, since: float | None, until: float | None
-) -> tuple[str, list[RecordLine], TimingLog]:
+    spec: str, log: LoadedTimingLog | None, since: float | None, until: float | None
+) -> tuple[str, list[RecordLine], LoadedTimingLog]:
     if os.path.isfile(spec):
         other = load_timing_log(spec)
         return spec, select(other.records, since, until), other

@@ -11,7 +11,7 @@ from proxy.report.model import Report, Span
 from proxy.report.nodes import group_by_node, log_name, node_of, nodes_table, spans_nodes_table
 from proxy.report.pairing import pair
 from proxy.report.record_tables import requests_table
-from proxy.report.records import InputError, RecordLine, TimingLog, load_timing_log, select
+from proxy.report.records import InputError, LoadedTimingLog, RecordLine, load_timing_log, select
 from proxy.report.reports import server_report, timing_report
 from proxy.report.serverlog import ParsedLog
 from proxy.report.tables import Thresholds
@@ -42,7 +42,7 @@ def timing_reports(paths: Sequence[str], since: float | None, until: float | Non
     return reports, names, groups
 
 
-def _bad_lines(logs: Sequence[TimingLog]) -> tuple[str, ...]:
+def _bad_lines(logs: Sequence[LoadedTimingLog]) -> tuple[str, ...]:
     return tuple(f"{log.path}: {len(log.bad_lines)} of {log.lines} lines are not timing records "
                  "and were skipped" for log in logs if log.bad_lines)
 
@@ -72,6 +72,6 @@ def server_reports(paths: Sequence[str], parsed: Sequence[ParsedLog], timings: S
     return [summary, *reports], [ALL, *groups], groups
 
 
-def _node_name(log: TimingLog) -> str | None:
+def _node_name(log: LoadedTimingLog) -> str | None:
     names = {r.get("node") for r in log.records if isinstance(r.get("node"), str)}
     return names.pop() if len(names) == 1 else None

@@ -26,7 +26,10 @@ class InputError(ValueError):
 
 
 @dataclass(frozen=True)
-class TimingLog:
+class LoadedTimingLog:
+    """A timing log as the report read it: its records and the lines that were not one (the proxy's
+    writer of the log is `proxy/record/timing_log.py` `TimingLog`)."""
+
     path: str
     records: tuple[RecordLine, ...]
     lines: int
@@ -47,7 +50,7 @@ def parse_time(text: str, what: str = "time") -> float:
     return moment.timestamp()
 
 
-def load_timing_log(path: str) -> TimingLog:
+def load_timing_log(path: str) -> LoadedTimingLog:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -66,7 +69,7 @@ def load_timing_log(path: str) -> TimingLog:
     if lines and not records:
         raise InputError(f"{path}: no timing records (none of its {len(lines)} lines is a JSON record)")
     records.sort(key=start_of)
-    return TimingLog(path, tuple(records), len(lines), tuple(bad))
+    return LoadedTimingLog(path, tuple(records), len(lines), tuple(bad))
 
 
 def _parse_line(line: bytes) -> RecordLine | None:

@@ -8,7 +8,7 @@ from proxy.record.refusals import SUMMARY_KIND, requests_in
 from proxy.report import record_tables, tables, task_tables
 from proxy.report.keep_table import keep_tables
 from proxy.report.model import Report, Span, Table
-from proxy.report.records import RecordLine, TimingLog, first_pieces, is_turn, record_to_span
+from proxy.report.records import LoadedTimingLog, RecordLine, first_pieces, is_turn, record_to_span
 from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
@@ -16,7 +16,8 @@ from proxy.report.tasks import Task
 from proxy.report.warm_table import WARM_KIND, warm_table
 
 
-def timing_report(title: str, records: Sequence[RecordLine], log: TimingLog | None, th: Thresholds) -> Report:
+def timing_report(title: str, records: Sequence[RecordLine], log: LoadedTimingLog | None,
+                  th: Thresholds) -> Report:
     pieces = first_pieces(log.records if log is not None else records)
     timed = [r for r in records if r.get("kind") != SUMMARY_KIND]  # a summary of refusals: no times
     spans = [record_to_span(r, pieces) for r in timed]
