@@ -32,7 +32,7 @@ from proxy.keep.index import (
 )
 from proxy.keep.probe import Probe, save_refused
 from proxy.keep.store import KeepStore
-from proxy.keep.values import Delete, KeepFile, Knobs, Quarantine, SavedFile, lora_variant
+from proxy.keep.values import Delete, KeepFile, KeepKnobs, Quarantine, SavedFile, lora_variant
 from proxy.keep.views import keep_metrics, status_view
 from proxy.report.keep_table import keep_tables
 from proxy.state import ProxyState
@@ -168,7 +168,7 @@ class TestViews:
         assert "got no answer" in save_refused(UpstreamCallError("x"))
 
     def test_status_lists_files_and_conversations_by_name_only(self) -> None:
-        store = KeepStore(Knobs())
+        store = KeepStore(KeepKnobs())
         store.load([saved(size=5_000)], {saved().name: 5_000}, 0.0)
         view = status_view(store, Probe(True, "saving works in /kv", "/m.gguf"), directory="/kv",
                            problem=None, saves={"done": 2}, restores={}, restored_tokens=7, now=60.0)
@@ -178,7 +178,7 @@ class TestViews:
         assert view["saves"] == {"done": 2, "changed": 0, "failed": 0}
 
     def test_metrics_have_the_disk_in_use(self) -> None:
-        store = KeepStore(Knobs())
+        store = KeepStore(KeepKnobs())
         store.load([saved(size=5_000)], {saved().name: 5_000}, 0.0)
         registry = CollectorRegistry()
 

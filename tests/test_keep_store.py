@@ -20,7 +20,7 @@ from proxy.keep.values import (
     Delete,
     ForgetCache,
     KeepFile,
-    Knobs,
+    KeepKnobs,
     Quarantine,
     RestoreInto,
     SavedFile,
@@ -31,7 +31,7 @@ from proxy.keep.values import (
     read_slots,
 )
 
-KNOBS = Knobs(save_after_idle_s=100.0, max_bytes=10_000, max_files=5, max_age_s=1000.0,
+KNOBS = KeepKnobs(save_after_idle_s=100.0, max_bytes=10_000, max_files=5, max_age_s=1000.0,
               min_tokens=256)
 MODEL = "/models/m.gguf"
 
@@ -49,7 +49,7 @@ def slot(slot_id: int, tokens: int = 0, task: int | None = None, busy: bool = Fa
     return SlotState(id=slot_id, busy=busy, tokens=tokens, task=task)
 
 
-def store(knobs: Knobs = KNOBS) -> KeepStore:
+def store(knobs: KeepKnobs = KNOBS) -> KeepStore:
     s = KeepStore(knobs)
     s.set_model(MODEL)
     return s
@@ -69,7 +69,7 @@ def saved_file(n: int, seed: int = 1, *, size: int = 1000, at: float = 0.0, uses
                      size=size, saved_at=at, last_used=at, uses=uses)
 
 
-def with_files(*files: SavedFile, knobs: Knobs = KNOBS) -> KeepStore:
+def with_files(*files: SavedFile, knobs: KeepKnobs = KNOBS) -> KeepStore:
     s = store(knobs)
     s.load(files, {f.name: f.size for f in files}, 0.0)
     return s

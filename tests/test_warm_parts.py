@@ -15,7 +15,7 @@ from proxy.report.tables import Thresholds
 from proxy.report.warm_table import warm_table
 from proxy.warm.prefix import PROBE, chat_renders, common_prefix, same_conversation
 from proxy.warm.record import warm_flight, warm_record
-from proxy.warm.values import Knobs, Outcome, WarmUp
+from proxy.warm.values import Outcome, WarmKnobs, WarmUp
 from proxy.warm.views import status_view, warm_view
 
 HISTORY = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -81,11 +81,11 @@ class TestRecordAndViews:
         assert record.error is None and record.warmed_tokens == 0
 
     def test_views_show_no_ids_and_say_how_it_ended(self) -> None:
-        view = warm_view(ended_warm(), Knobs(), 30.0)
+        view = warm_view(ended_warm(), WarmKnobs(), 30.0)
         assert view["state"] == "ended" and view["outcome"] == "superseded"
         assert view["computed_tokens"] == 1900 and "ids" not in view
         pending = WarmUp(id="p", client=None, ids=list(range(500)), cached=0, submitted=25.0)
-        status = status_view([ended_warm(), pending], Knobs(expire_s=60.0), True,
+        status = status_view([ended_warm(), pending], WarmKnobs(expire_s=60.0), True,
                              {"superseded": 1}, 30.0)
         assert [w["id"] for w in status["pending"]] == ["p"] and status["running"] == []
         assert status["pending"][0]["expires_in_s"] == 55.0
@@ -94,7 +94,7 @@ class TestRecordAndViews:
 
     def test_a_clients_view_shows_nothing_of_what_the_server_held_when_caches_are_private(
             self) -> None:
-        view = warm_view(ended_warm(), Knobs(), 30.0, private=True)
+        view = warm_view(ended_warm(), WarmKnobs(), 30.0, private=True)
         assert view["state"] == "ended" and view["outcome"] == "superseded"
         assert not {"cached", "est_tokens", "done_tokens", "computed_tokens", "pieces",
                     "reason"} & set(view)

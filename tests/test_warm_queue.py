@@ -15,15 +15,15 @@ from proxy.warm.values import (
     Decision,
     Ended,
     Feed,
-    Knobs,
     Load,
     Outcome,
     RestoreKept,
+    WarmKnobs,
     WarmRefused,
     WarmUp,
 )
 
-KNOBS = Knobs(max_pending=3, max_tokens=10_000, expire_s=100.0, max_per_client=2, prefill_share=0.5)
+KNOBS = WarmKnobs(max_pending=3, max_tokens=10_000, expire_s=100.0, max_per_client=2, prefill_share=0.5)
 IDLE = Load()
 BUSY = Load(busy=True, decoders=3)
 
@@ -142,7 +142,7 @@ class TestRule3Bounds:
 
     def test_one_ending_after_its_piece_does_not_count(self) -> None:
         q = WarmQueue()
-        knobs = Knobs(max_pending=1, max_tokens=10_000, expire_s=100.0, max_per_client=1)
+        knobs = WarmKnobs(max_pending=1, max_tokens=10_000, expire_s=100.0, max_per_client=1)
         q.submit(warm("old", conv(2000), client="ann"), knobs, 0.0)
         feed(q)
         q.submit(warm("new", conv(2500), client="ann"), knobs, 1.0)  # old ends after its piece

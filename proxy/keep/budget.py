@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from proxy.keep.values import Delete, Knobs, SavedFile
+from proxy.keep.values import Delete, KeepKnobs, SavedFile
 
 
 def eviction_order(files: Iterable[SavedFile]) -> list[SavedFile]:
@@ -16,7 +16,7 @@ def eviction_order(files: Iterable[SavedFile]) -> list[SavedFile]:
     return sorted(files, key=lambda f: (f.last_used, f.uses, f.saved_at, f.name))
 
 
-def over_budget(files: Iterable[SavedFile], knobs: Knobs, now: float,
+def over_budget(files: Iterable[SavedFile], knobs: KeepKnobs, now: float,
                 protected: Collection[str] = ()) -> list[Delete]:
     """The files to delete so the others fit `knobs`; `protected` ones (a restore reading them) stay."""
     deletes: list[Delete] = []

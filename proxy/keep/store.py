@@ -59,7 +59,7 @@ from proxy.keep.values import (
     Delete,
     ForgetCache,
     KeepFile,
-    Knobs,
+    KeepKnobs,
     Lora,
     Quarantine,
     RestoreInto,
@@ -80,7 +80,7 @@ MAX_CONVERSATIONS = 512
 
 
 class KeepStore:
-    def __init__(self, knobs: Knobs) -> None:
+    def __init__(self, knobs: KeepKnobs) -> None:
         self.knobs = knobs
         self.files: dict[str, SavedFile] = {}
         self.conversations: dict[str, Conversation] = {}

@@ -113,7 +113,7 @@ def read_slots(body: Any) -> list[SlotState]:
 
 
 @dataclass(frozen=True)
-class Knobs:
+class KeepKnobs:
     """`[keep_kv]` in the units the store uses."""
 
     save_after_idle_s: float = 120.0
@@ -124,8 +124,8 @@ class Knobs:
     max_wait_s: float = 60.0
 
 
-def knobs(config: KeepKvConfig) -> Knobs:
-    return Knobs(save_after_idle_s=config.save_after_idle_s,
+def knobs(config: KeepKvConfig) -> KeepKnobs:
+    return KeepKnobs(save_after_idle_s=config.save_after_idle_s,
                  max_bytes=int(config.max_disk_gb * 1e9), max_files=config.max_files,
                  max_age_s=config.max_age_days * 86400.0, min_tokens=config.min_tokens,
                  max_wait_s=config.max_wait_s)

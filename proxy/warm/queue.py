@@ -19,11 +19,11 @@ from proxy.warm.values import (
     Decision,
     Ended,
     Feed,
-    Knobs,
     Load,
     Outcome,
     RestoreKept,
     Sizer,
+    WarmKnobs,
     WarmRefused,
     WarmUp,
 )
@@ -74,7 +74,7 @@ class WarmQueue:
 
     # ---- events ------------------------------------------------------------------------------------
 
-    def submit(self, warm: WarmUp, knobs: Knobs, now: float) -> list[Decision]:
+    def submit(self, warm: WarmUp, knobs: WarmKnobs, now: float) -> list[Decision]:
         self._forget(knobs, now)
         if warm.to_compute < MIN_TOKENS:
             self.warmups[warm.id] = warm
@@ -89,14 +89,14 @@ class WarmQueue:
         self.warmups[warm.id] = warm
         return out
 
-    def check_room(self, client: str | None, knobs: Knobs) -> None:
+    def check_room(self, client: str | None, knobs: WarmKnobs) -> None:
         """Rule 3, the bound that needs no ids: WarmRefused when the queue is full of other
         clients' warm-ups (the anonymous caller counts as one client)."""
         staying = [w for w in self.active() if w.ending is None]
         if len(staying) >= knobs.max_pending and all(w.client != client for w in staying):
             raise _full(len(staying), knobs)
 
-    def on_tick(self, load: Load, sizer: Sizer, knobs: Knobs, now: float) -> list[Decision]:
+    def on_tick(self, load: Load, sizer: Sizer, knobs: WarmKnobs, now: float) -> list[Decision]:
         out = self._expire(knobs, now)
         warm = self._next()
         if warm is None or warm.piece_upto is not None or warm.ending is not None:
@@ -115,7 +115,7 @@ class WarmQueue:
             warm.started = now
         return [*out, Feed(warm.id, warm.piece_upto)]
 
-    def on_piece_done(self, warm_id: str, computed: int, batch_ms: float, knobs: Knobs,
+    def on_piece_done(self, warm_id: str, computed: int, batch_ms: float, knobs: WarmKnobs,
                       now: float) -> list[Decision]:
         warm = self.warmups.get(warm_id)
         if warm is None or warm.outcome is not None or warm.piece_upto is None:
@@ -218,7 +218,7 @@ class WarmQueue:
         tokenized for it)."""
         return any(w.outcome is None or (w.computed and not w.credited) for w in self.warmups.values())
 
-    def next_wakeup(self, load: Load, knobs: Knobs, now: float) -> float | None:
+    def next_wakeup(self, load: Load, knobs: WarmKnobs, now: float) -> float | None:
         """The earliest time after `now` at which `on_tick` may decide something with no event."""
         times = [w.submitted + knobs.expire_s for w in self.active()]
         warm = self._next()
@@ -245,7 +245,7 @@ class WarmQueue:
     def _same(self, warm: WarmUp, ids: Sequence[int]) -> bool:
         return same_conversation(common_prefix(warm.ids, ids), len(warm.ids))
 
-    def _check_bounds(self, warm: WarmUp, replaced: list[WarmUp], knobs: Knobs) -> None:
+    def _check_bounds(self, warm: WarmUp, replaced: list[WarmUp], knobs: WarmKnobs) -> None:
         staying = [w for w in self.active()
                    if w.ending is None and all(w is not r for r in replaced)]
         if len(staying) >= knobs.max_pending:
@@ -262,7 +262,7 @@ class WarmQueue:
             return []
         return self._end(warm, outcome, why, now)
 
-    def _expire(self, knobs: Knobs, now: float) -> list[Decision]:
+    def _expire(self, knobs: WarmKnobs, now: float) -> list[Decision]:
         out: list[Decision] = []
         for warm in self.active():
             if now >= warm.submitted + knobs.expire_s and warm.ending is None:
@@ -275,7 +275,7 @@ class WarmQueue:
         warm.outcome, warm.reason, warm.ended, warm.ending = outcome, why, now, None
         return [Ended(warm.id)]
 
-    def _forget(self, knobs: Knobs, now: float) -> None:
+    def _forget(self, knobs: WarmKnobs, now: float) -> None:
         ended = sorted(((w.ended, w.id) for w in self.warmups.values() if w.ended is not None),
                        reverse=True)
         old = {warm_id for at, warm_id in ended if now - at >= knobs.expire_s}
@@ -284,6 +284,6 @@ class WarmQueue:
             del self.warmups[warm_id]
 
 
-def _full(staying: int, knobs: Knobs) -> WarmRefused:
+def _full(staying: int, knobs: WarmKnobs) -> WarmRefused:
     return WarmRefused(f"{staying} warm-ups are pending or running already "
                        f"(warm.max_pending = {knobs.max_pending}); try again later")

@@ -23,7 +23,9 @@ class WarmRefused(Exception):
 
 
 @dataclass(frozen=True)
-class Knobs:
+class WarmKnobs:
+    """`[warm]` in the units the queue uses."""
+
     max_pending: int = 8
     max_tokens: int = 32768
     expire_s: float = 300.0

@@ -8,14 +8,14 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from proxy.warm.values import Knobs, Outcome, WarmUp
+from proxy.warm.values import Outcome, WarmKnobs, WarmUp
 
 PRIVATE_FIELDS = ("cached", "est_tokens", "done_tokens", "computed_tokens", "pieces", "reason")
 """What a warm-up's answer leaves out for a client when caches are each client's own: how much of
 its prompt the server held already would tell it what another client's prompts are."""
 
 
-def warm_view(warm: WarmUp, knobs: Knobs, now: float, *, private: bool = False) -> dict[str, Any]:
+def warm_view(warm: WarmUp, knobs: WarmKnobs, now: float, *, private: bool = False) -> dict[str, Any]:
     """One warm-up, as `GET /slotwise/warm/<id>` answers and the status page lists it; `private`:
     for a client, when caches are each client's own (PRIVATE_FIELDS are left out)."""
     view: dict[str, Any] = {
@@ -34,7 +34,7 @@ def warm_view(warm: WarmUp, knobs: Knobs, now: float, *, private: bool = False) 
     return view
 
 
-def status_view(warmups: Iterable[WarmUp], knobs: Knobs, enabled: bool, ended: Mapping[str, int],
+def status_view(warmups: Iterable[WarmUp], knobs: WarmKnobs, enabled: bool, ended: Mapping[str, int],
                 now: float) -> dict[str, Any]:
     """The status page's `warm` section: pending and running warm-ups, and how many ended how."""
     listed = [w for w in warmups if w.outcome is None]

@@ -32,10 +32,10 @@ from proxy.warm.values import (
     Decision,
     Ended,
     Feed,
-    Knobs,
     Load,
     RestoreKept,
     Sizer,
+    WarmKnobs,
     WarmUp,
 )
 
@@ -92,9 +92,9 @@ class Warmer:
         """Whether a client's answers must not show what the server held already (`access`)."""
         return self._state.config.access.isolates_caches
 
-    def knobs(self) -> Knobs:
+    def knobs(self) -> WarmKnobs:
         warm, prefill = self._state.config.warm, self._state.config.prefill
-        return Knobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
+        return WarmKnobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
                      expire_s=warm.expire_s, max_per_client=warm.max_per_client,
                      prefill_share=prefill.prefill_share)
 
