@@ -11,7 +11,7 @@ import pytest
 from proxy.prefill.sizing import pause_s
 from proxy.warm.queue import KEEP_ENDED, MIN_TOKENS, WarmQueue
 from proxy.warm.values import (
-    CancelPiece,
+    CancelWarmPiece,
     Decision,
     Ended,
     Feed,
@@ -326,7 +326,7 @@ class TestRule9CancelAndFailure:
         q = WarmQueue()
         q.submit(warm("w", conv(3000)), KNOBS, 0.0)
         feed(q)
-        assert q.cancel("w", 0.5) == [CancelPiece("w"), Ended("w")]
+        assert q.cancel("w", 0.5) == [CancelWarmPiece("w"), Ended("w")]
         assert q.warmups["w"].outcome is Outcome.CANCELLED
         assert q.on_piece_done("w", 512, 100.0, KNOBS, 1.0) == []  # a late answer changes nothing
         assert q.cancel("w", 2.0) == []

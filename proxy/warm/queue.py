@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
-    CancelPiece,
+    CancelWarmPiece,
     Credit,
     Decision,
     Ended,
@@ -174,7 +174,7 @@ class WarmQueue:
         warm = self.warmups[warm_id]
         if warm.outcome is not None:
             return []
-        cancel: list[Decision] = [CancelPiece(warm_id)] if warm.piece_upto is not None else []
+        cancel: list[Decision] = [CancelWarmPiece(warm_id)] if warm.piece_upto is not None else []
         warm.piece_upto = None
         return [*cancel, *self._end(warm, Outcome.CANCELLED, why, now)]
 

@@ -125,13 +125,14 @@ class Ended:
 
 
 @dataclass(frozen=True)
-class CancelPiece:
-    """Close the piece in flight; report nothing more for it."""
+class CancelWarmPiece:
+    """Close the warm-up's piece in flight (the prefill policy's `CancelPiece` closes a request's);
+    report nothing more for it."""
 
     warm_id: str
 
 
-Decision = Feed | RestoreKept | Ended | CancelPiece
+Decision = Feed | RestoreKept | Ended | CancelWarmPiece
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
 from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_record
 from proxy.warm.values import (
-    CancelPiece,
+    CancelWarmPiece,
     Decision,
     Ended,
     Feed,
@@ -197,7 +197,7 @@ class Warmer:
                 case RestoreKept():
                     self._pieces[decision.warm_id] = asyncio.create_task(
                         self._restore(decision.warm_id), name=f"slotwise-warm-{decision.warm_id}")
-                case CancelPiece():
+                case CancelWarmPiece():
                     task = self._pieces.get(decision.warm_id)
                     if task is not None:
                         task.cancel()
