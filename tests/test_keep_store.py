@@ -16,9 +16,9 @@ from proxy.estimate import block_hashes
 from proxy.keep.budget import over_budget
 from proxy.keep.store import MAX_CONVERSATIONS, PLACE_WITHIN_S, KeepStore, names
 from proxy.keep.values import (
-    Decision,
     Delete,
     ForgetCache,
+    KeepDecision,
     KeepFile,
     KeepKnobs,
     Quarantine,
@@ -75,12 +75,12 @@ def with_files(*files: SavedFile, knobs: KeepKnobs = KNOBS) -> KeepStore:
     return s
 
 
-def saves(decisions: list[Decision]) -> list[SaveSlot]:
+def saves(decisions: list[KeepDecision]) -> list[SaveSlot]:
     return [d for d in decisions if isinstance(d, SaveSlot)]
 
 
 def save_one(s: KeepStore, n: int, seed: int = 1, *, slot_id: int = 0, task: int = 1,
-             size: int = 1000, at: float = 0.0) -> list[Decision]:
+             size: int = 1000, at: float = 0.0) -> list[KeepDecision]:
     """The whole path: a request ends, it is placed, saved when due, and the save succeeds."""
     ended(s, n, seed, at=at)
     s.on_slots([slot(slot_id, n + 9, task)], at + 0.1, quiet=True)

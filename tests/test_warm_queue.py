@@ -12,12 +12,12 @@ from proxy.prefill.sizing import pause_s
 from proxy.warm.queue import KEEP_ENDED, MIN_TOKENS, WarmQueue
 from proxy.warm.values import (
     CancelWarmPiece,
-    Decision,
     Ended,
     Feed,
     Load,
     Outcome,
     RestoreKept,
+    WarmDecision,
     WarmKnobs,
     WarmRefused,
     WarmUp,
@@ -50,7 +50,7 @@ def warm(warm_id: str, ids: list[int], *, cached: int = 0, at: float = 0.0,
     return WarmUp(id=warm_id, client=client, ids=ids, cached=cached, submitted=at)
 
 
-def ended(decisions: list[Decision]) -> list[str]:
+def ended(decisions: list[WarmDecision]) -> list[str]:
     return [d.warm_id for d in decisions if isinstance(d, Ended)]
 
 
@@ -61,7 +61,7 @@ def feed(q: WarmQueue, load: Load = IDLE, now: float = 0.0, sizer: Pieces | None
 
 
 def run_piece(q: WarmQueue, warm_id: str, *, batch_ms: float = 100.0, now: float = 1.0,
-              load: Load = IDLE) -> list[Decision]:
+              load: Load = IDLE) -> list[WarmDecision]:
     w = q.warmups[warm_id]
     assert w.piece_upto is not None
     return q.on_piece_done(warm_id, w.piece_upto - w.done_upto, batch_ms, KNOBS, now)

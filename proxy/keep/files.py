@@ -13,7 +13,7 @@ from pathlib import Path
 
 from proxy.keep import index
 from proxy.keep.store import KeepStore
-from proxy.keep.values import Decision, RestoreInto, SavedFile
+from proxy.keep.values import KeepDecision, RestoreInto, SavedFile
 
 log = logging.getLogger("slotwise.keep")
 
@@ -34,7 +34,7 @@ class KeptFiles:
         files, on_disk = self.shelf.load()
         self.apply(self.store.load(files, on_disk, now))
 
-    def apply(self, decisions: Sequence[Decision]) -> None:
+    def apply(self, decisions: Sequence[KeepDecision]) -> None:
         """The store's decisions about files (the others are ignored here)."""
         self.store.forget(self.shelf.apply(decisions, list(self.store.files.values())))
 

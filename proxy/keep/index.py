@@ -30,8 +30,8 @@ import orjson
 
 from proxy.keep.values import (
     QUARANTINE_SUFFIX,
-    Decision,
     Delete,
+    KeepDecision,
     KeepFile,
     Quarantine,
     SavedFile,
@@ -222,7 +222,7 @@ class Shelf:
             files = []
         return files, files_on_disk(self.dir)
 
-    def apply(self, decisions: Iterable[Decision], files: Iterable[SavedFile]) -> list[str]:
+    def apply(self, decisions: Iterable[KeepDecision], files: Iterable[SavedFile]) -> list[str]:
         """Apply the file decisions, then write the index of `files` if anything changed; the names
         of files that could not be kept (the caller forgets them)."""
         lost: list[str] = []

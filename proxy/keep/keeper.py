@@ -30,9 +30,9 @@ from proxy.keep.probe import UNKNOWN, Probe, probe
 from proxy.keep.record import RESTORE_KIND, SAVE_KIND, kv_flight, kv_record
 from proxy.keep.store import KeepStore
 from proxy.keep.values import (
-    Decision,
     Delete,
     ForgetCache,
+    KeepDecision,
     KeepFile,
     RestoreInto,
     SaveSlot,
@@ -375,7 +375,7 @@ class Keeper:
 
     # ---- applying decisions -----------------------------------------------------------------------
 
-    def _apply_now(self, decisions: Sequence[Decision]) -> None:
+    def _apply_now(self, decisions: Sequence[KeepDecision]) -> None:
         """The decisions that need no call to llama-server (saves are awaited by `look`)."""
         if any(isinstance(d, ForgetCache) for d in decisions):
             log.info("keep_kv: llama-server restarted: its cache is empty; %d saved conversations "

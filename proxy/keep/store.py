@@ -55,9 +55,9 @@ from proxy.estimate.cache_model import BLOCK_TOKENS, common_blocks
 from proxy.keep.budget import over_budget
 from proxy.keep.values import (
     Conversation,
-    Decision,
     Delete,
     ForgetCache,
+    KeepDecision,
     KeepFile,
     KeepKnobs,
     Lora,
@@ -107,9 +107,9 @@ class KeepStore:
 
     # ---- rules 2, 3, 4 ---------------------------------------------------------------------------
 
-    def on_slots(self, slots: Sequence[SlotState], now: float, *, quiet: bool) -> list[Decision]:
+    def on_slots(self, slots: Sequence[SlotState], now: float, *, quiet: bool) -> list[KeepDecision]:
         """A fresh read of `/slots`; `quiet`: no request is in flight."""
-        decisions: list[Decision] = []
+        decisions: list[KeepDecision] = []
         if self._restarted(slots):
             decisions.append(ForgetCache())
             for conv in list(self.conversations.values()):
@@ -166,7 +166,7 @@ class KeepStore:
     # ---- rules 5, 6 ------------------------------------------------------------------------------
 
     def on_saved(self, save: SaveSlot, n_saved: int, size: int, now: float, *,
-                 digest: str) -> list[Decision]:
+                 digest: str) -> list[KeepDecision]:
         self.saving = None
         conv = self.conversations.get(save.name)
         if conv is None or n_saved != save.tokens:
@@ -178,7 +178,7 @@ class KeepStore:
         old = self.files.get(save.name)
         if old is not None:
             new.uses = old.uses
-        superseded: list[Decision] = [
+        superseded: list[KeepDecision] = [
             Delete(f.name, f"superseded by {save.name}, a longer prefix of its conversation")
             for f in self.files.values()
             if f.name != save.name and f.variant == new.variant and len(f.chain) <= len(new.chain)
@@ -199,7 +199,7 @@ class KeepStore:
         if (conv := self.conversations.get(save.name)) is not None:
             conv.given_up = True
 
-    def budget(self, now: float) -> list[Decision]:
+    def budget(self, now: float) -> list[KeepDecision]:
         protected = {r.name for r in self.restoring.values()}
         deletes = over_budget(self.files.values(), self.knobs, now, protected)
         self.forget(d.name for d in deletes)
@@ -277,7 +277,7 @@ class KeepStore:
         self.conversations[f.name] = conv
 
     def on_restore_failed(self, restore: RestoreInto, *, status: int | None,
-                          server_gone: bool = False) -> list[Decision]:
+                          server_gone: bool = False) -> list[KeepDecision]:
         """`status`: llama-server's answer, None when none came; `server_gone`: none came and the
         server does not answer since (it may have crashed on the file)."""
         self.on_restore_abandoned(restore)
@@ -304,7 +304,7 @@ class KeepStore:
         if self.restoring.get(restore.slot) == restore:
             del self.restoring[restore.slot]
 
-    def on_damaged(self, name: str, why: str) -> list[Decision]:
+    def on_damaged(self, name: str, why: str) -> list[KeepDecision]:
         """The file's bytes are not the ones saved (`why`): it goes, and no restore of it runs."""
         for restore in [r for r in self.restoring.values() if r.name == name]:
             self.release(restore)
@@ -313,7 +313,7 @@ class KeepStore:
 
     # ---- rule 9 ----------------------------------------------------------------------------------
 
-    def set_model(self, model: str) -> list[Decision]:
+    def set_model(self, model: str) -> list[KeepDecision]:
         self.model = model
         deletes = [Delete(f.name, f"saved from another model ({f.model or 'unknown'})")
                    for f in self.files.values() if f.model != model]
@@ -322,14 +322,14 @@ class KeepStore:
 
     # ---- rule 10 ---------------------------------------------------------------------------------
 
-    def load(self, files: Iterable[SavedFile], on_disk: dict[str, int], now: float) -> list[Decision]:
+    def load(self, files: Iterable[SavedFile], on_disk: dict[str, int], now: float) -> list[KeepDecision]:
         """The index read at start, and slotwise's files found on disk (name -> size)."""
         listed = {f.name: f for f in files if f.name in on_disk}
         self.files = {name: f for name, f in listed.items() if on_disk[name] == f.size}
-        cut: list[Decision] = [Delete(name, f"damaged: {on_disk[name]} bytes on disk, {f.size} "
+        cut: list[KeepDecision] = [Delete(name, f"damaged: {on_disk[name]} bytes on disk, {f.size} "
                                             "saved (cut short, as by a power loss)")
                                for name, f in sorted(listed.items()) if name not in self.files]
-        orphans: list[Decision] = [Delete(name, "not in slotwise's index (a save cut short, or a "
+        orphans: list[KeepDecision] = [Delete(name, "not in slotwise's index (a save cut short, or a "
                                                 "lost index)")
                                    for name in sorted(on_disk) if name not in listed]
         return [*cut, *orphans, *self.budget(now)]
@@ -368,6 +368,6 @@ def _unchanged(conv: Conversation, slot: SlotState | None) -> bool:
             and slot.tokens == conv.slot_tokens)
 
 
-def names(decisions: Collection[Decision]) -> list[str]:
+def names(decisions: Collection[KeepDecision]) -> list[str]:
     """The files a list of decisions deletes (tests, logs)."""
     return [d.name for d in decisions if isinstance(d, Delete)]

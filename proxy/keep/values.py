@@ -268,5 +268,5 @@ class ForgetCache:
     """llama-server restarted: its slots and RAM cache are empty; the cache model must forget."""
 
 
-Decision = SaveSlot | KeepFile | RestoreInto | Delete | Quarantine | ForgetCache
+KeepDecision = SaveSlot | KeepFile | RestoreInto | Delete | Quarantine | ForgetCache
 

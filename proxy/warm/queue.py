@@ -16,13 +16,13 @@ from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
     CancelWarmPiece,
     Credit,
-    Decision,
     Ended,
     Feed,
     Load,
     Outcome,
     RestoreKept,
     Sizer,
+    WarmDecision,
     WarmKnobs,
     WarmRefused,
     WarmUp,
@@ -74,7 +74,7 @@ class WarmQueue:
 
     # ---- events ------------------------------------------------------------------------------------
 
-    def submit(self, warm: WarmUp, knobs: WarmKnobs, now: float) -> list[Decision]:
+    def submit(self, warm: WarmUp, knobs: WarmKnobs, now: float) -> list[WarmDecision]:
         self._forget(knobs, now)
         if warm.to_compute < MIN_TOKENS:
             self.warmups[warm.id] = warm
@@ -83,7 +83,7 @@ class WarmQueue:
             warm.ids, warm.capped = warm.ids[:warm.cached + knobs.max_tokens], True
         replaced = [w for w in self.active() if self._same(w, warm.ids)]
         self._check_bounds(warm, replaced, knobs)
-        out: list[Decision] = []
+        out: list[WarmDecision] = []
         for old in replaced:
             out += self._stop(old, Outcome.SUPERSEDED, f"superseded by warm-up {warm.id}", now)
         self.warmups[warm.id] = warm
@@ -96,7 +96,7 @@ class WarmQueue:
         if len(staying) >= knobs.max_pending and all(w.client != client for w in staying):
             raise _full(len(staying), knobs)
 
-    def on_tick(self, load: Load, sizer: Sizer, knobs: WarmKnobs, now: float) -> list[Decision]:
+    def on_tick(self, load: Load, sizer: Sizer, knobs: WarmKnobs, now: float) -> list[WarmDecision]:
         out = self._expire(knobs, now)
         warm = self._next()
         if warm is None or warm.piece_upto is not None or warm.ending is not None:
@@ -116,7 +116,7 @@ class WarmQueue:
         return [*out, Feed(warm.id, warm.piece_upto)]
 
     def on_piece_done(self, warm_id: str, computed: int, batch_ms: float, knobs: WarmKnobs,
-                      now: float) -> list[Decision]:
+                      now: float) -> list[WarmDecision]:
         warm = self.warmups.get(warm_id)
         if warm is None or warm.outcome is not None or warm.piece_upto is None:
             return []
@@ -131,7 +131,7 @@ class WarmQueue:
             return self._end(warm, Outcome.DONE, "computed", now)
         return []
 
-    def on_restored(self, warm_id: str, upto: int, now: float) -> list[Decision]:
+    def on_restored(self, warm_id: str, upto: int, now: float) -> list[WarmDecision]:
         """Rule 10: the file is in a slot; the server holds the prefix's first `upto` ids."""
         warm = self._restoring(warm_id)
         if warm is None:
@@ -145,7 +145,7 @@ class WarmQueue:
                                                  "file", now)
         return []
 
-    def on_restore_failed(self, warm_id: str, now: float) -> list[Decision]:
+    def on_restore_failed(self, warm_id: str, now: float) -> list[WarmDecision]:
         """Rule 10: no restore after all: its pieces compute the prefix."""
         warm = self._restoring(warm_id)
         if warm is None or warm.ending is None:
@@ -159,7 +159,7 @@ class WarmQueue:
         warm.restorable, warm.piece_upto = 0, None
         return warm
 
-    def on_piece_failed(self, warm_id: str, reason: str, now: float) -> list[Decision]:
+    def on_piece_failed(self, warm_id: str, reason: str, now: float) -> list[WarmDecision]:
         warm = self.warmups.get(warm_id)
         if warm is None or warm.outcome is not None:
             return []
@@ -169,19 +169,19 @@ class WarmQueue:
             return self._end(warm, outcome, f"{why}; its last piece failed: {reason}", now)
         return self._end(warm, Outcome.FAILED, f"piece failed: {reason}", now)
 
-    def cancel(self, warm_id: str, now: float, why: str = "cancelled by its client") -> list[Decision]:
+    def cancel(self, warm_id: str, now: float, why: str = "cancelled by its client") -> list[WarmDecision]:
         """Rule 9; KeyError for an id the queue does not know (any more)."""
         warm = self.warmups[warm_id]
         if warm.outcome is not None:
             return []
-        cancel: list[Decision] = [CancelWarmPiece(warm_id)] if warm.piece_upto is not None else []
+        cancel: list[WarmDecision] = [CancelWarmPiece(warm_id)] if warm.piece_upto is not None else []
         warm.piece_upto = None
         return [*cancel, *self._end(warm, Outcome.CANCELLED, why, now)]
 
-    def claim(self, ids: Sequence[int], now: float) -> tuple[list[Decision], list[str]]:
+    def claim(self, ids: Sequence[int], now: float) -> tuple[list[WarmDecision], list[str]]:
         """Rule 7, first half: a real request with prompt `ids` arrived. Returns the decisions and
         the warm-ups whose piece in flight the request must wait for."""
-        out: list[Decision] = []
+        out: list[WarmDecision] = []
         wait: list[str] = []
         for warm in self.active():
             if self._same(warm, ids):
@@ -255,15 +255,15 @@ class WarmQueue:
             raise WarmRefused(f"client {warm.client!r} has {len(mine)} warm-ups pending or running "
                               f"already (warm.max_per_client = {knobs.max_per_client})")
 
-    def _stop(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[Decision]:
+    def _stop(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[WarmDecision]:
         """End now, or once the piece in flight is done."""
         if warm.piece_upto is not None:
             warm.ending = (outcome, why)
             return []
         return self._end(warm, outcome, why, now)
 
-    def _expire(self, knobs: WarmKnobs, now: float) -> list[Decision]:
-        out: list[Decision] = []
+    def _expire(self, knobs: WarmKnobs, now: float) -> list[WarmDecision]:
+        out: list[WarmDecision] = []
         for warm in self.active():
             if now >= warm.submitted + knobs.expire_s and warm.ending is None:
                 out += self._stop(warm, Outcome.EXPIRED,
@@ -271,7 +271,7 @@ class WarmQueue:
         self._forget(knobs, now)
         return out
 
-    def _end(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[Decision]:
+    def _end(self, warm: WarmUp, outcome: Outcome, why: str, now: float) -> list[WarmDecision]:
         warm.outcome, warm.reason, warm.ended, warm.ending = outcome, why, now, None
         return [Ended(warm.id)]
 

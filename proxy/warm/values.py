@@ -132,7 +132,7 @@ class CancelWarmPiece:
     warm_id: str
 
 
-Decision = Feed | RestoreKept | Ended | CancelWarmPiece
+WarmDecision = Feed | RestoreKept | Ended | CancelWarmPiece
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_record
 from proxy.warm.values import (
     CancelWarmPiece,
-    Decision,
     Ended,
     Feed,
     Load,
     RestoreKept,
     Sizer,
+    WarmDecision,
     WarmKnobs,
     WarmUp,
 )
@@ -187,7 +187,7 @@ class Warmer:
 
     # ---- applying decisions ------------------------------------------------------------------------
 
-    def _apply(self, decisions: list[Decision]) -> None:
+    def _apply(self, decisions: list[WarmDecision]) -> None:
         for decision in decisions:
             match decision:
                 case Feed():
