@@ -20,7 +20,7 @@ from typing import cast
 from aiohttp import web
 
 from proxy.config import ListenConfig
-from proxy.request.errors import PROXY_ERROR_HEADER, Rejected
+from proxy.request.errors import Rejected, error_headers
 
 log = logging.getLogger("slotwise")
 
@@ -42,9 +42,10 @@ def refusal(max_connections: int) -> bytes:
     error = Rejected(f"too many open connections (listen.max_connections = {max_connections}); "
                      "try again shortly")
     body = error.body_bytes()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{PROXY_ERROR_HEADER}: {error.type}\r\n"
-            "Retry-After: 1\r\nConnection: close\r\n\r\n")
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body)),
+               **error_headers(error), "Retry-After": "1", "Connection": "close"}
+    head = "HTTP/1.1 503 Service Unavailable\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
     return head.encode("ascii") + body
 
 

@@ -11,13 +11,13 @@ from proxy.config import ConfigError, LoraConfig, parse_config
 from proxy.ops.lora import (
     LoraConfigError,
     LoraListError,
-    LoraNotReady,
     LoraProfile,
     ServerAdapter,
     build_lora_array,
     global_differs,
     parse_server_adapters,
 )
+from proxy.request.errors import LoraNotReady
 
 URL = "http://127.0.0.1:8080"
 TWO = (ServerAdapter(0, "/models/style.gguf"), ServerAdapter(1, "/models/lang-de.gguf"))

@@ -16,9 +16,10 @@ from aiohttp import web
 
 from proxy.app import start
 from proxy.config import Config, ConfigError, parse_config
-from proxy.ops.lora import LoraConfigError, LoraNotReady, LoraProfile
+from proxy.ops.lora import LoraConfigError, LoraProfile
 from proxy.ops.lora_watch import check_reload, first_read, refresh
 from proxy.record.timing_log import TimingLog
+from proxy.request.errors import LoraNotReady
 from proxy.state import ProxyState
 from tests.conftest import StartProxy
 from tests.helpers import read_records, serve_app

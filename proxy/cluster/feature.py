@@ -19,11 +19,10 @@ from proxy.cluster.node import NODE_HEADER, node_name
 from proxy.cluster.render import RENDER_PATHS, Renderer
 from proxy.config import LOAD_FORMATS
 from proxy.estimate.ids_cache import PromptIdsCache
-from proxy.ops.guard import error_response
 from proxy.ops.metrics import METRICS
 from proxy.prefill.feature import ESTIMATOR
 from proxy.request.access import Refuse, decide_load
-from proxy.request.errors import BadRequest
+from proxy.request.errors import BadRequest, error_response
 from proxy.state import STATE, ProxyState
 
 RENDERER = web.AppKey("slotwise_renderer", Renderer)
@@ -41,8 +40,8 @@ async def get_load(request: web.Request) -> web.Response:
         return error_response(verdict.error())
     fmt = request.query.get("format", state.config.cluster.load_format)
     if fmt not in LOAD_FORMATS:
-        error = BadRequest(f"GET /get_load: unknown format {fmt!r} (valid: {', '.join(LOAD_FORMATS)})")
-        return web.Response(status=400, body=error.body_bytes(), content_type="application/json")
+        return error_response(BadRequest(
+            f"GET /get_load: unknown format {fmt!r} (valid: {', '.join(LOAD_FORMATS)})"))
     load = current_load(state)
     body = vllm_body(load, node_name(state.config)) if fmt == "vllm" else sglang_body(load)
     return web.Response(body=orjson.dumps(body), content_type="application/json",

@@ -23,7 +23,13 @@ from aiohttp import web
 from proxy.estimate import EstimateError
 from proxy.prefill.estimator import Estimator
 from proxy.request.access import Refuse, decide
-from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, PayloadTooLarge, ProxyError
+from proxy.request.errors import (
+    BadRequest,
+    NotReady,
+    PayloadTooLarge,
+    ProxyError,
+    error_response,
+)
 from proxy.request.intake import BodyReader
 from proxy.state import STATE
 from proxy.upstream import UpstreamCallError
@@ -34,19 +40,6 @@ RENDER_PATHS = {
     "/v1/responses/render": "responses",
 }
 """The render endpoints, and the kind of body each takes."""
-
-
-class NotReady(ProxyError):
-    """The upstream cannot answer now (down, restarting, loading its model)."""
-
-    status = 503
-    type = "slotwise_not_ready"
-    outcome = "upstream_error"
-
-
-def error_response(error: ProxyError) -> web.Response:
-    return web.Response(status=error.status, body=error.body_bytes(), content_type="application/json",
-                        headers={PROXY_ERROR_HEADER: error.type, **error.headers()})
 
 
 def render_error(exc: EstimateError) -> ProxyError:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.request.access import Refuse, decide_page, exposure
-from proxy.request.errors import PROXY_ERROR_HEADER, ProxyError
+from proxy.request.errors import error_response
 from proxy.state import STATE
 
 log = logging.getLogger("slotwise")
@@ -33,12 +33,6 @@ def guarded(handler: Handler) -> Handler:
         return await handler(request)
 
     return guard
-
-
-def error_response(error: ProxyError) -> web.Response:
-    return web.Response(status=error.status, body=error.body_bytes(), content_type="application/json",
-                        headers={PROXY_ERROR_HEADER: error.type, "Cache-Control": "no-store",
-                                 **error.headers()})
 
 
 def warn_exposure(config: Config) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.config import ConfigError, LoraAdapter, LoraConfig
-from proxy.request.errors import ProxyError
+from proxy.request.errors import LoraNotReady
 
 LoraArray = list[dict[str, Any]]
 
@@ -21,15 +21,6 @@ class LoraConfigError(ConfigError):
 
 class LoraListError(ValueError):
     """The server's `GET /lora-adapters` answer is not the list slotwise expects."""
-
-
-class LoraNotReady(ProxyError):
-    """A model request in mode fixed/none while the profile cannot be built (upstream not read yet,
-    or it no longer has the configured adapters): refused rather than run with the wrong adapters."""
-
-    status = 503
-    type = "slotwise_lora_not_ready"
-    outcome = "upstream_error"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The proxy's own errors, grouped by what the client should do, and their OpenAI-shaped bodies.
+"""The proxy's own errors, grouped by what the client should do, and the one place they become an
+HTTP answer (`error_response`: the OpenAI-shaped body, the status, `X-Slotwise-Error`).
 
 Upstream error responses are never turned into these: they pass through unchanged. These are for what
-slotwise itself decides or meets (bad input, an unreachable upstream, a full queue).
+slotwise itself decides or meets (bad input, an unreachable upstream, a full queue). Every
+`ProxyError` of every feature is defined here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from aiohttp import web
+
+from proxy.request.headers import REQUEST_ID_HEADER
 
 PROXY_ERROR_HEADER = "X-Slotwise-Error"
 
@@ -112,6 +117,58 @@ class ShuttingDown(ProxyError):
     status = 503
     type = "slotwise_shutting_down"
     outcome = "shutdown"
+
+
+class LoraNotReady(ProxyError):
+    """A model request in mode fixed/none while the profile cannot be built (upstream not read yet,
+    or it no longer has the configured adapters): refused rather than run with the wrong adapters."""
+
+    status = 503
+    type = "slotwise_lora_not_ready"
+    outcome = "upstream_error"
+
+
+class NotReady(ProxyError):
+    """The upstream cannot answer a render now (down, restarting, loading its model)."""
+
+    status = 503
+    type = "slotwise_not_ready"
+    outcome = "upstream_error"
+
+
+class TooManyWarmUps(ProxyError):
+    """A warm-up the `[warm]` bounds do not let in."""
+
+    status = 429
+    type = "slotwise_too_many_warmups"
+    outcome = "rejected"
+
+
+class WarmOff(Rejected):
+    """`warm.enabled` is false."""
+
+
+class NoSuchWarmUp(ProxyError):
+    """A warm-up id that never was or has expired, or an endpoint that cannot be warmed."""
+
+    status = 404
+    type = "not_found_error"
+    outcome = "bad_request"
+
+
+def error_headers(error: ProxyError, request_id: str | None = None) -> dict[str, str]:
+    """The headers of slotwise's answer with `error`: what it is (`X-Slotwise-Error`), never cached,
+    the error's own (a 401's challenge), and the request's id when it has one."""
+    headers = {PROXY_ERROR_HEADER: error.type, "Cache-Control": "no-store", **error.headers()}
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    return headers
+
+
+def error_response(error: ProxyError, request_id: str | None = None) -> web.Response:
+    """The one way slotwise answers with its own error: status, headers, OpenAI-shaped body."""
+    return web.Response(status=error.status, body=error.body_bytes(), content_type="application/json",
+                        headers=error_headers(error, request_id))
 
 
 def sse_error_event(error: ProxyError) -> bytes:

@@ -1,13 +1,12 @@
 """The catch-all handler: one HTTP request's trip through the proxy, and its one timing record.
 
 It sequences the parts: the intake reads the body, the gate admits, the request goes upstream, the
-relay moves the answer while the observer makes the facts, and `finish` writes the record whatever
-happened on the way.
+relay moves the answer while the observer makes the facts; `guaranteed` (`proxy/request/trip.py`)
+answers whatever happens and `finish` writes the record.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -25,11 +24,10 @@ from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers
 from proxy.request.admission import ADMISSION
 from proxy.request.endpoints import classify, reads_body
-from proxy.request.errors import PROXY_ERROR_HEADER, BadRequest, ProxyError, ShuttingDown
+from proxy.request.errors import BadRequest, ProxyError, ShuttingDown
 from proxy.request.headers import (
     CLIENT_HEADER,
     PURPOSE_HEADER,
-    REQUEST_ID_HEADER,
     client_request_id,
     client_response_headers,
     upstream_request_headers,
@@ -37,6 +35,7 @@ from proxy.request.headers import (
 from proxy.request.intake import Intake
 from proxy.request.observer import Observer
 from proxy.request.relay import Relay, open_upstream
+from proxy.request.trip import failed, guaranteed
 from proxy.state import STATE, ProxyState
 
 log = logging.getLogger("slotwise.proxy")
@@ -45,27 +44,7 @@ log = logging.getLogger("slotwise.proxy")
 async def handle(request: web.Request) -> web.StreamResponse:
     """Every path and method not served by slotwise itself comes here."""
     state = request.app[STATE]
-    exchange = Exchange(request, state)
-    try:
-        return await exchange.run()
-    except ProxyError as exc:
-        return exchange.fail(exc)
-    except web.RequestPayloadError as exc:  # e.g. a Content-Encoding its bytes do not follow
-        reason = [line.strip() for line in str(exc).splitlines() if line.strip()] or ["broken"]
-        return exchange.fail(BadRequest(f"the request body could not be read: {reason[-1]}"))
-    except ConnectionResetError:
-        exchange.flight.outcome = "client_gone"
-        return exchange.response or web.Response(status=499)
-    except asyncio.CancelledError:
-        exchange.flight.outcome = "shutdown" if state.stopping else "client_gone"
-        if not (state.stopping and exchange.can_answer()):
-            raise
-        return await exchange.cut(asyncio.current_task())
-    except Exception as exc:
-        log.exception("request %s failed inside slotwise", exchange.flight.id)
-        return exchange.fail(ProxyError(f"internal error: {type(exc).__name__}: {exc}"))
-    finally:
-        exchange.finish()
+    return await guaranteed(Exchange(request, state), state)
 
 
 class Exchange:
@@ -150,16 +129,10 @@ class Exchange:
 
     def fail(self, exc: ProxyError) -> web.StreamResponse:
         """Answer with the proxy's own error, if the client has not had a response yet."""
-        flight = self.flight
-        flight.outcome, flight.error = exc.outcome, exc.message
         if self.response is not None and self.response.prepared:
+            self.flight.outcome, self.flight.error = exc.outcome, exc.message
             return self.response
-        flight.status = exc.status
-        body = exc.body_bytes()
-        flight.bytes_out = len(body)
-        return web.Response(status=exc.status, body=body, content_type="application/json",
-                            headers={REQUEST_ID_HEADER: flight.id, PROXY_ERROR_HEADER: exc.type,
-                                     **exc.headers()})
+        return failed(self.flight, exc)
 
     def can_answer(self) -> bool:
         """Whether the client can still be told why the request ends: it has no answer yet, or its
@@ -167,14 +140,10 @@ class Exchange:
         unanswered = self.response is None or not self.response.prepared
         return unanswered or (self.relay is not None and self.relay.sse)
 
-    async def cut(self, task: asyncio.Task[Any] | None) -> web.StreamResponse:
+    async def cut(self, error: ShuttingDown) -> web.StreamResponse:
         """The shutdown grace period is over and this request was cancelled (`can_answer`): answer
         it with slotwise's 503 if it has no answer yet (held, or waiting for the upstream), else
         end its stream with an error event and a clean end of the body."""
-        error = ShuttingDown("slotwise is stopping and its shutdown grace period is over "
-                             "(listen.shutdown_grace_s); send the request again")
-        if task is not None:
-            task.uncancel()  # it ends now, answered
         if self.response is None or not self.response.prepared or self.relay is None:
             return self.fail(error)
         with contextlib.suppress(OSError):  # the client left as well: nothing more to tell

@@ -8,7 +8,6 @@ keys, a warm-up is seen and cancelled only by its own client (or the admin key).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -23,9 +22,17 @@ from proxy.record.clientstrings import clean_text
 from proxy.record.flight import Flight
 from proxy.request.access import Allow, Refuse, decide
 from proxy.request.endpoints import classify
-from proxy.request.errors import PROXY_ERROR_HEADER, ProxyError, Rejected
+from proxy.request.errors import (
+    NoSuchWarmUp,
+    ProxyError,
+    ShuttingDown,
+    TooManyWarmUps,
+    WarmOff,
+    error_response,
+)
 from proxy.request.headers import CLIENT_HEADER, PURPOSE_HEADER, REQUEST_ID_HEADER
 from proxy.request.intake import Intake
+from proxy.request.trip import failed, guaranteed
 from proxy.state import STATE, ProxyState
 from proxy.warm.prefix import WARM_KINDS
 from proxy.warm.record import warm_flight, warm_record
@@ -38,30 +45,6 @@ WARMER = web.AppKey("slotwise_warmer", Warmer)
 VALID = "/v1/chat/completions, /v1/completions, /completion, /v1/messages, /v1/responses"
 
 
-class TooManyWarmUps(ProxyError):
-    status = 429
-    type = "slotwise_too_many_warmups"
-    outcome = "rejected"
-
-
-class WarmOff(Rejected):
-    """`warm.enabled` is false."""
-
-
-class NoSuchWarmUp(ProxyError):
-    status = 404
-    type = "not_found_error"
-    outcome = "bad_request"
-
-
-def error_response(error: ProxyError, rid: str | None = None) -> web.Response:
-    headers = {PROXY_ERROR_HEADER: error.type, "Cache-Control": "no-store", **error.headers()}
-    if rid is not None:
-        headers[REQUEST_ID_HEADER] = rid
-    return web.Response(status=error.status, body=error.body_bytes(), content_type="application/json",
-                        headers=headers)
-
-
 def warm_kind(endpoint: str) -> str:
     kind = str(classify("POST", "/" + endpoint))
     if kind not in WARM_KINDS:
@@ -70,38 +53,54 @@ def warm_kind(endpoint: str) -> str:
     return kind
 
 
-async def post_warm(request: web.Request) -> web.Response:
-    state, warmer = request.app[STATE], request.app[WARMER]
-    verdict = _verdict(request, state)
-    flight = _flight(request, state, verdict)
-    handed_over = False
-    try:
-        if isinstance(verdict, Refuse):
-            raise verdict.error()
+async def post_warm(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    return await guaranteed(WarmPost(request, state, request.app[WARMER]), state)
+
+
+class WarmPost:
+    """One POST's trip (`proxy/request/trip.py`): refused, it writes its record as it ends;
+    accepted, the flight is the warm-up's, whose record the warmer writes when it ends."""
+
+    def __init__(self, request: web.Request, state: ProxyState, warmer: Warmer) -> None:
+        self.request, self.state, self.warmer = request, state, warmer
+        self.verdict = _verdict(request, state)
+        self.flight = _flight(request, state, self.verdict)
+        self.response: web.StreamResponse | None = None
+        self.handed_over = False
+
+    async def run(self) -> web.StreamResponse:
+        state, flight = self.state, self.flight
+        if isinstance(self.verdict, Refuse):
+            raise self.verdict.error()
         if not state.config.warm.enabled:
             raise WarmOff("warm-ups are off (warm.enabled = false in slotwise's config)")
-        kind = warm_kind(request.match_info["endpoint"])
-        intake = Intake(request, flight, state.max_body_bytes, state.config.listen.body_timeout_s)
+        kind = warm_kind(self.request.match_info["endpoint"])
+        intake = Intake(self.request, flight, state.max_body_bytes, state.config.listen.body_timeout_s)
         model = await intake.model_body(state.forced_lora())
         try:
-            warm = await warmer.submit(flight, kind, model.rewritten.body, model.rewritten.lora_out)
+            warm = await self.warmer.submit(flight, kind, model.rewritten.body,
+                                            model.rewritten.lora_out)
         except EstimateError as exc:
             raise render_error(exc) from exc
         except WarmRefused as exc:
             raise TooManyWarmUps(str(exc)) from exc
-        handed_over = True
-        return _accepted(flight, warm, warmer)
-    except ProxyError as exc:
-        flight.status, flight.outcome, flight.error = exc.status, exc.outcome, exc.message
-        flight.bytes_out = len(exc.body_bytes())
-        return error_response(exc, flight.id)
-    except asyncio.CancelledError:
-        flight.outcome = "shutdown" if state.stopping else "client_gone"
-        raise
-    finally:
-        if not handed_over:  # refused: its one record now (an accepted one's when it ends)
-            flight.timer.on_end(state.clock())
-            state.emit(warm_record(flight, None))
+        self.handed_over = True
+        return _accepted(flight, warm, self.warmer)
+
+    def fail(self, error: ProxyError) -> web.StreamResponse:
+        return failed(self.flight, error)
+
+    def can_answer(self) -> bool:
+        return True  # its answer is one body, sent after `run` returns
+
+    async def cut(self, error: ShuttingDown) -> web.StreamResponse:
+        return self.fail(error)
+
+    def finish(self) -> None:
+        if not self.handed_over:  # refused: its one record now (an accepted one's when it ends)
+            self.flight.timer.on_end(self.state.clock())
+            self.state.emit(warm_record(self.flight, None))
 
 
 def _accepted(flight: Flight, warm: WarmUp, warmer: Warmer) -> web.Response:
