@@ -15,11 +15,11 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.record.ids import RequestIds
 from proxy.record.inflight import Registry
 from proxy.record.refusals import RefusalSampler, summary_record
 from proxy.record.schema import Record
 from proxy.record.timing_log import TimingLog
-from proxy.request.ids import RequestIds
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("slotwise")

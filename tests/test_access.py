@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from proxy.app import create_app
 from proxy.config import AccessConfig, ConfigError, config_to_dict, parse_config
+from proxy.config.admin_endpoints import ADMIN_ENDPOINTS
 from proxy.request import access as access_module
 from proxy.request.access import (
     Allow,
@@ -28,7 +29,6 @@ from proxy.request.access import (
     forwarded_headers,
     pages_mode,
 )
-from proxy.request.admin_endpoints import ADMIN_ENDPOINTS
 from proxy.request.errors import Forbidden, Unauthorized
 from proxy.state import STATE
 

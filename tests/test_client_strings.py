@@ -8,10 +8,10 @@ import itertools
 import orjson
 
 from proxy.record.clientstrings import MAX_CHARS, REPLACEMENT, clean_id, clean_text, safe_text
+from proxy.record.ids import RequestIds
 from proxy.record.kind import Kind
 from proxy.record.log_limit import LogLimit
 from proxy.record.schema import MAX_LORA_BYTES, build_record
-from proxy.request.ids import RequestIds
 from proxy.request.rewrite import client_key
 from tests.helpers import make_flight
 

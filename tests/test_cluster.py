@@ -13,13 +13,13 @@ import pytest
 
 from proxy.cli import main
 from proxy.cluster.load import NodeLoad, node_load, pending_tokens, sglang_body, vllm_body
-from proxy.cluster.node import node_name
 from proxy.cluster.render import render_error
 from proxy.config import ConfigError, PrefillConfig, parse_config
 from proxy.estimate import EstimateError, NotEstimable
 from proxy.prefill.estimator import Estimator
 from proxy.record.flight import Flight, Phase
 from proxy.record.kind import Kind
+from proxy.record.node import node_name
 from proxy.record.timing import RequestTimer
 from proxy.report.nodes import group_by_node, nodes_table
 from proxy.request.errors import NotReady

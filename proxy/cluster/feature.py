@@ -15,12 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from proxy.cluster.health import health
 from proxy.cluster.load import NodeLoad, node_load, sglang_body, vllm_body
-from proxy.cluster.node import NODE_HEADER, node_name
 from proxy.cluster.render import RENDER_PATHS, Renderer
 from proxy.config import LOAD_FORMATS
 from proxy.estimate.ids_cache import PromptIdsCache
 from proxy.ops.metrics import METRICS
 from proxy.prefill.feature import ESTIMATOR
+from proxy.record.node import NODE_HEADER, node_name
 from proxy.request.access import Refuse, decide_load
 from proxy.request.errors import BadRequest, error_response
 from proxy.state import STATE, ProxyState

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.config.admin_endpoints import ADMIN_NAMES
 from proxy.config.fields import check_keys, choice, secret, show, string
 from proxy.config.values import (
     CACHE_SCOPES,
@@ -14,7 +15,6 @@ from proxy.config.values import (
     ClientKey,
     ConfigError,
 )
-from proxy.request.admin_endpoints import ADMIN_NAMES
 
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 ADMIN_CLIENT = "admin"

@@ -142,7 +142,7 @@ class AccessConfig:
     admin_key_file: str = ""
     """A file holding the admin key (instead of `admin_key`), read at start and at every reload."""
     allow: tuple[str, ...] = ()
-    """Admin endpoints every client may call, e.g. "GET /slots" (valid: request/admin_endpoints.py)."""
+    """Admin endpoints every client may call, e.g. "GET /slots" (valid: config/admin_endpoints.py)."""
     pages: PagesMode = "auto"
     """slotwise's /metrics and /slotwise/: open, token (pages_token or admin_key), off; auto: token
     if either is set, else open on a loopback listen address, else off."""

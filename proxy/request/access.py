@@ -14,7 +14,7 @@ Rules of `decide` (tests/test_access.py follows them one to one):
 3. Without client keys but with `[upstream] api_key`, it must carry that key or the admin key; else
    401. slotwise checks it itself, so no work is done for a client that would get 401 anyway.
 4. Without either, no key is needed.
-5. An admin endpoint (`admin_endpoints.ADMIN_ENDPOINTS`) is refused with 403 unless the request
+5. An admin endpoint (`proxy/config/admin_endpoints.py`) is refused with 403 unless the request
    carries the admin key or `access.allow` names it.
 6. When keys are checked (rules 2 and 3), or the admin key was sent, the request goes upstream with
    the upstream's key instead of the client's credentials: clients never hold the server's key, and
@@ -38,7 +38,7 @@ from urllib.parse import unquote
 from multidict import CIMultiDict
 
 from proxy.config import ADMIN_CLIENT, AccessConfig, Config
-from proxy.request.admin_endpoints import ADMIN_ENDPOINTS, AdminEndpoint
+from proxy.config.admin_endpoints import ADMIN_ENDPOINTS, AdminEndpoint
 from proxy.request.errors import Forbidden, ProxyError, Unauthorized
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})

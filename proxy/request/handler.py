@@ -15,10 +15,10 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from proxy.cluster.node import node_name
 from proxy.record.clientstrings import clean_text, safe_text
 from proxy.record.flight import Flight
 from proxy.record.kind import Kind
+from proxy.record.node import node_name
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers

@@ -26,7 +26,7 @@ record's `client` when neither `X-Slotwise-Client` nor the body's `user` names o
 
 
 def client_request_id(incoming: Mapping[str, str]) -> str | None:
-    """The client's own `X-Request-Id`, made a safe token (`proxy/request/ids.py` makes it unique)."""
+    """The client's own `X-Request-Id`, made a safe token (`proxy/record/ids.py` makes it unique)."""
     return clean_id(incoming.get(REQUEST_ID_HEADER))
 
 

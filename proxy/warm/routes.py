@@ -14,12 +14,12 @@ import uuid
 import orjson
 from aiohttp import web
 
-from proxy.cluster.node import node_name
 from proxy.cluster.render import render_error
 from proxy.config import ADMIN_CLIENT
 from proxy.estimate import EstimateError
 from proxy.record.clientstrings import clean_text
 from proxy.record.flight import Flight
+from proxy.record.node import node_name
 from proxy.request.access import Allow, Refuse, decide
 from proxy.request.endpoints import classify
 from proxy.request.errors import (

@@ -1,6 +1,6 @@
 """llama-server's admin endpoints: those that change what every client gets, or show other clients'
 requests. slotwise refuses them to clients unless `[access] allow` names them or the request carries
-`[access] admin_key`; `config.py` checks `allow` against this table, `access.py` applies it.
+`[access] admin_key`; `config/access.py` checks `allow` against this table, `request/access.py` applies it.
 
 From llama-server's route table (tools/server/server.cpp of the build the testbed runs). Its other
 routes are the model endpoints, the tokenizer's, and read-only ones (`GET /props`, `GET
