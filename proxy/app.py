@@ -21,11 +21,11 @@ from proxy.keep.feature import install as install_keep
 from proxy.listener import CUT_WAIT_S, LISTENER, Listener, ListenerSite, ensure_open_files
 from proxy.ops import guard, lifecycle, metrics, status
 from proxy.ops.lora_watch import install as install_lora
-from proxy.prefill.feature import install as install_prefill
 from proxy.record.timing_log import TimingLog
 from proxy.request.handler import handle
 from proxy.request.headers import REQUEST_ID_HEADER, client_request_id
 from proxy.request.rejected import ParserErrors
+from proxy.scheduler import install as install_scheduler
 from proxy.state import STATE, ProxyState
 from proxy.warm.feature import install as install_warm
 
@@ -73,7 +73,7 @@ async def write_refusal_summaries(state: ProxyState) -> None:
 # after the core one below (so `app[STATE]` exists). Order matters only for routes.
 Feature = Callable[[web.Application], None]
 FEATURES: tuple[Feature, ...] = (lifecycle.install, guard.install, metrics.install, status.install,
-                                 install_lora, install_prefill, install_warm, install_keep,
+                                 install_lora, install_scheduler, install_warm, install_keep,
                                  install_cluster)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError
-from proxy.prefill.events import Restorable
+from proxy.prefill.events import Load, Restorable, Sizer
 from proxy.prefill.feeder import PieceError, PieceResult
 from proxy.prefill.gate import PrefillGate
 from proxy.prefill.hooks import Restored
@@ -21,7 +21,6 @@ from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
 from proxy.request.errors import Rejected
-from proxy.warm.values import Load, Sizer
 from tests.helpers import make_flight
 
 

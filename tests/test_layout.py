@@ -1,11 +1,12 @@
 """The package's layout: no module of `proxy/` imports a module that imports it back, directly or
 around a longer loop; imports inside functions and for type checking count too (a lazy import
-hides a cycle, it does not remove it). Between sub-packages: none imports one that builds on it
-(`FORBIDDEN`), and the package cycles left are the listed ones, a list that only shrinks."""
+hides a cycle, it does not remove it). Between sub-packages the same, and none imports one that
+builds on it (`FORBIDDEN`: each such import is named)."""
 
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
@@ -72,15 +73,6 @@ FORBIDDEN = {
     ("proxy.ops", "proxy.prefill"),
 }
 
-# Package cycles still there (each a set of sub-packages that import one another around a loop). The
-# list may only shrink: a new cycle fails, and so does a listed one that is gone (take it off).
-# Today one tangle: prefill <-> warm and prefill <-> keep (the scheduler's feature builds the warmer
-# and the keeper, which use its hooks; its policy reads the warm queue's values), and warm -> cluster
-# (`render_error`), cluster -> prefill (the estimator).
-KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {
-    frozenset({"proxy.cluster", "proxy.keep", "proxy.prefill", "proxy.warm"}),
-}
-
 
 def package(module: str) -> str:
     """`proxy.record.flight` → `proxy.record`; a top-level module is a package of its own."""
@@ -101,45 +93,15 @@ def crossings(graph: dict[str, set[str]], lines: set[tuple[str, str]]) -> list[s
             if (package(name), package(dep)) in lines]
 
 
-def tangles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
-    """The strongly connected parts of more than one node: every node in one reaches every other."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: set[frozenset[str]] = set()
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for dep in sorted(graph.get(node, ())):
-            if dep not in index:
-                visit(dep)
-                low[node] = min(low[node], low[dep])
-            elif dep in stack:
-                low[node] = min(low[node], index[dep])
-        if low[node] == index[node]:
-            part = stack[stack.index(node):]
-            del stack[stack.index(node):]
-            if len(part) > 1:
-                found.add(frozenset(part))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
-
-
 def test_no_package_imports_one_it_must_not() -> None:
     assert crossings(imports(), FORBIDDEN) == []
 
 
-def test_package_cycles_are_only_the_known_ones_and_they_only_shrink() -> None:
-    graph = package_imports(imports())
-    found = tangles(graph)
-    new = [sorted(part) for part in found - KNOWN_PACKAGE_CYCLES]
-    gone = [sorted(part) for part in KNOWN_PACKAGE_CYCLES - found]
-    loops = cycles({name: deps for name, deps in graph.items()})
-    assert (new, gone) == ([], []), f"package cycles now: {loops}"
+def test_the_packages_have_no_import_cycles() -> None:
+    graph = imports()
+    loops = cycles(package_imports(graph))
+    steps = {step for loop in loops for step in pairwise(loop)}
+    assert loops == [], crossings(graph, steps)
 
 
 def test_a_forbidden_import_is_named() -> None:
@@ -151,4 +113,4 @@ def test_a_forbidden_import_is_named() -> None:
 def test_a_package_cycle_is_found_through_its_modules() -> None:
     graph = {"proxy.a.x": {"proxy.b.y"}, "proxy.b.y": set(), "proxy.b.z": {"proxy.a.x"}, "proxy.c": set()}
     assert package_imports(graph) == {"proxy.a": {"proxy.b"}, "proxy.b": {"proxy.a"}, "proxy.c": set()}
-    assert tangles(package_imports(graph)) == {frozenset({"proxy.a", "proxy.b"})}
+    assert cycles(package_imports(graph)) == [["proxy.a", "proxy.b", "proxy.a"]]

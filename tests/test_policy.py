@@ -22,14 +22,13 @@ from proxy.prefill import (
     Reject,
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
-from proxy.prefill.events import Restorable, Restore, Save
+from proxy.prefill.events import Load, Restorable, Restore, Save
 from proxy.prefill.pacing import BEHIND_SHARE, IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Phase
-from proxy.warm.values import Load
 
 COLD = 2000
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.prefill.events import Load
 from proxy.prefill.sizing import pause_s
 from proxy.warm.queue import KEEP_ENDED, MIN_TOKENS, WarmQueue
 from proxy.warm.values import (
     CancelWarmPiece,
     Ended,
     Feed,
-    Load,
     Outcome,
     RestoreKept,
     WarmDecision,

@@ -1,7 +1,7 @@
 """The cluster feature: GET /health, GET /get_load, the render endpoints, the `X-Slotwise-Node`
 header on every response, and their figures in /metrics (when the metrics feature is installed).
 
-Installed after the prefill feature, whose estimator the render endpoints use.
+Installed after the scheduler (`proxy/scheduler.py`), whose estimator the render endpoints use.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from proxy.cluster.render import RENDER_PATHS, Renderer
 from proxy.config import LOAD_FORMATS
 from proxy.estimate.ids_cache import PromptIdsCache
 from proxy.ops.metrics import METRICS
-from proxy.prefill.feature import ESTIMATOR
+from proxy.prefill.estimator import ESTIMATOR
 from proxy.record.node import NODE_HEADER, node_name
 from proxy.request.access import Refuse, decide_load
 from proxy.request.errors import BadRequest, error_response

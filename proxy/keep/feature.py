@@ -1,4 +1,4 @@
-"""The keep_kv feature, around the `Keeper` the scheduler built (proxy/prefill/feature.py, installed
+"""The keep_kv feature, around the `Keeper` the scheduler built (proxy/scheduler.py, installed
 before it): the keeper's figures in /metrics, its section of the status page, and its start (the
 probe and the files' check; its looks and saves run in the scheduler's loop). `keep_kv.enabled` and
 `keep_kv.dir` change only on a restart.

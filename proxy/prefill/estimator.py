@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from aiohttp import web
+
 from proxy.config import ConfigError, PrefillConfig
 from proxy.estimate import (
     CacheModel,
@@ -115,3 +117,7 @@ class Estimator:
             self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx)
         for advice in layout_advice(mode, self.layout):
             log.warning("%s", advice)
+
+
+ESTIMATOR = web.AppKey("slotwise_estimator", Estimator)
+"""The running estimator (the cluster feature's /render uses the same tokenizer and cache)."""

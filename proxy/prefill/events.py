@@ -3,11 +3,14 @@
 The gate tells the policy what happened through its `on_*` methods (past tense: arrived, prefill
 started, piece done); decisions (imperative) are what the gate must do. Every value names the request
 by the gate's own `req_id`; times are plain seconds from any clock.
+The warm-up queue gets what the real requests are doing from the policy as a `Load`, and its piece
+sizes from a `Sizer`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 # ---- a request as it arrived -------------------------------------------------------------------
 
@@ -101,3 +104,30 @@ class CancelPiece:
 
 
 Decision = Admit | Hold | FeedPiece | Restore | Save | Forward | Reject | CancelPiece
+
+
+# ---- what the policy gives the warm-ups (rule 15) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the real requests are doing now, as far as a warm-up cares."""
+
+    cold_held: bool = False
+    """A real cold request is held or fed in pieces by the prefill policy."""
+    starting: bool = False
+    """A real request was sent upstream a moment ago and its prompt is about to start (it starts
+    alone), or a save runs on the server's main loop: no piece now."""
+    busy: bool = False
+    """Real requests are in flight upstream (generating)."""
+    decoders: int = 0
+    recheck_at: float | None = None
+    """When `starting` may end with no event to say so (a just-sent request's grace)."""
+
+
+class Sizer(Protocol):
+    """How large a warm-up's next piece may be under a `Load` (the policy's pacing)."""
+
+    def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
+        """Tokens of the next piece after `done` cached, `remaining` to go."""
+        ...

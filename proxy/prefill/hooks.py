@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from proxy.estimate import Estimate
-from proxy.prefill.events import Restorable
+from proxy.prefill.events import Load, Restorable, Sizer
 from proxy.record.flight import Flight
-from proxy.warm.values import Load, Sizer
 
 
 @dataclass(frozen=True)

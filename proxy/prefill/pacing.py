@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.events import Load
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.outlook import RAMP, ChunkKnobs, Situation, fitting_piece, piece_sizes
 from proxy.prefill.sizing import PIECE_ALIGN
-from proxy.warm.values import Load
 
 IDLE_WHOLE = 4.0
 """Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""

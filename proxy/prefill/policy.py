@@ -16,10 +16,12 @@ from proxy.prefill.events import (
     FeedPiece,
     Forward,
     Hold,
+    Load,
     Reject,
     Restorable,
     Restore,
     Save,
+    Sizer,
 )
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.pacing import WarmSizer
@@ -28,7 +30,6 @@ from proxy.prefill.restores import RestoreLine, wait_s
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Phase
-from proxy.warm.values import Load, Sizer
 
 LEARN_MIN_TOKENS = 256
 """A finished request teaches the batch cost only if it computed at least this many tokens. Short

@@ -22,4 +22,4 @@ class Gate(Protocol):
 
 ADMISSION = web.AppKey("slotwise_admission", Gate)
 """The gate the handler awaits, which the scheduler publishes when the app starts
-(proxy/prefill/feature.py)."""
+(proxy/scheduler.py)."""

@@ -1,4 +1,4 @@
-"""The warm feature, around the `Warmer` the scheduler built (proxy/prefill/feature.py, installed
+"""The warm feature, around the `Warmer` the scheduler built (proxy/scheduler.py, installed
 before it, whose one loop ticks it): the warm endpoints and the warm-ups' figures in /metrics. At
 shutdown every warm-up still pending or running ends, cancelled, with its record.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from proxy.prefill.events import Load, Sizer
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
@@ -18,10 +19,8 @@ from proxy.warm.values import (
     Credit,
     Ended,
     Feed,
-    Load,
     Outcome,
     RestoreKept,
-    Sizer,
     WarmDecision,
     WarmKnobs,
     WarmRefused,

@@ -1,5 +1,6 @@
-"""What the warm-up queue keeps and answers: a warm-up, what the real requests are doing (`Load`),
-the knobs, the decisions. Values and a little arithmetic; the queue (`queue.py`) decides.
+"""What the warm-up queue keeps and answers: a warm-up, the knobs, the decisions. Values and a little
+arithmetic; the queue (`queue.py`) decides, with what the real requests are doing (`Load`) and the
+piece sizes (`Sizer`) the prefill policy gives it (`proxy/prefill/events.py`).
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 
 class Outcome(enum.StrEnum):
@@ -32,28 +32,6 @@ class WarmKnobs:
     max_per_client: int = 2
     prefill_share: float = 0.55
     """The prefill policy's share: the pause after a piece while others generate, as `chunk`."""
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the real requests are doing now, as far as a warm-up cares."""
-
-    cold_held: bool = False
-    """A real cold request is held or fed in pieces by the prefill policy."""
-    starting: bool = False
-    """A real request was sent upstream a moment ago and its prompt is about to start (it starts
-    alone), or a save runs on the server's main loop: no piece now."""
-    busy: bool = False
-    """Real requests are in flight upstream (generating)."""
-    decoders: int = 0
-    recheck_at: float | None = None
-    """When `starting` may end with no event to say so (a just-sent request's grace)."""
-
-
-class Sizer(Protocol):
-    def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
-        """Tokens of the next piece after `done` cached, `remaining` to go."""
-        ...
 
 
 @dataclass(eq=False)

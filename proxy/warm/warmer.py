@@ -1,6 +1,6 @@
 """The warmer: the one place where the warm-up queue's decisions become I/O.
 
-It renders a warm-up's stable prefix (`stable_prefix`), feeds its pieces with the prefill feature's
+It renders a warm-up's stable prefix (`stable_prefix`), feeds its pieces with the scheduler's
 `PieceFeeder` (token-id prefixes to `/completion`, `n_predict: 0`, never pinned), corrects the cache
 model after each, restores a kept file that holds a warm-up's prefix (keep_kv, through the
 keeper) before its pieces, ends a warm-up when a real request of its conversation arrives (`claim`,
@@ -20,6 +20,7 @@ from typing import Any
 from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError
 from proxy.prefill.estimator import Estimator
+from proxy.prefill.events import Load, Sizer
 from proxy.prefill.feeder import PieceError, PieceFeeder
 from proxy.prefill.hooks import KeepHook
 from proxy.record.flight import Flight
@@ -27,17 +28,7 @@ from proxy.state import ProxyState
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
 from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_record
-from proxy.warm.values import (
-    CancelWarmPiece,
-    Ended,
-    Feed,
-    Load,
-    RestoreKept,
-    Sizer,
-    WarmDecision,
-    WarmKnobs,
-    WarmUp,
-)
+from proxy.warm.values import CancelWarmPiece, Ended, Feed, RestoreKept, WarmDecision, WarmKnobs, WarmUp
 
 log = logging.getLogger("slotwise.warm")
 

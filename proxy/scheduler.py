@@ -1,9 +1,10 @@
-"""The scheduler of llama-server's time, composed: the estimator, the pure policy, the keeper of
-saved KV (keep_kv, when enabled) and the warm-ups are built here together and handed to the gate as
-constructor arguments (`hooks.py`), sharing one wake-up event; the gate is published as the
-handler's `ADMISSION`, hears the registry, runs the one loop that acts on llama-server's time (the
-warm-ups tick in it), and pushes its status section and gauges to the ops pages. The warm and keep
-features add their routes, metrics, status and the keeper's start around the parts built here.
+"""The scheduler of llama-server's time, composed, above `prefill/` and the `warm/` and `keep/` built
+on it: the estimator, the pure policy, the keeper of saved KV (keep_kv, when enabled) and the
+warm-ups are built here together and handed to the gate as constructor arguments
+(`prefill/hooks.py`), sharing one wake-up event; the gate is published as the handler's
+`ADMISSION`, hears the registry, runs the one loop that acts on llama-server's time (the warm-ups
+tick in it), and pushes its status section and gauges to the ops pages. The warm and keep features
+add their routes, metrics, status and the keeper's start around the parts built here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
 """
@@ -19,7 +20,7 @@ from proxy.config import Config
 from proxy.keep.keeper import KEEPER, Keeper
 from proxy.ops.background import background
 from proxy.ops.metrics import METRICS
-from proxy.prefill.estimator import Estimator
+from proxy.prefill.estimator import ESTIMATOR, Estimator
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
 from proxy.prefill.policy import PrefillPolicy
@@ -28,9 +29,6 @@ from proxy.request.admission import ADMISSION
 from proxy.state import STATE
 from proxy.warm.routes import WARMER
 from proxy.warm.warmer import Warmer
-
-ESTIMATOR = web.AppKey("slotwise_estimator", Estimator)
-"""The prompt ids of a body (the cluster feature's /render uses the same tokenizer and cache)."""
 
 
 def install(app: web.Application) -> None:
