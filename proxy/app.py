@@ -60,7 +60,7 @@ REFUSAL_SUMMARIES_EVERY_S = 5.0
 """How often the summaries of refused requests whose minute is over are written."""
 
 
-async def write_refusal_summaries(state: ProxyState) -> None:
+async def emit_refusal_summaries(state: ProxyState) -> None:
     while True:
         await asyncio.sleep(REFUSAL_SUMMARIES_EVERY_S)
         try:
@@ -88,7 +88,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.monotonic) -
         state = ProxyState(config=config, timing_log=timing_log, session=session, clock=clock)
         app[STATE] = state
         state.reload_hooks.append(lambda new: listener.apply(new.listen))
-        summaries = asyncio.create_task(write_refusal_summaries(state))
+        summaries = asyncio.create_task(emit_refusal_summaries(state))
         try:
             yield
         finally:

@@ -425,7 +425,7 @@ class Keeper:
 
 
 KEEPER = web.AppKey("slotwise_keeper", Keeper)
-"""The running keeper (only when keep_kv.enabled): built with the scheduler (proxy/prefill/feature.py)."""
+"""The running keeper (only when keep_kv.enabled): built with the scheduler (proxy/scheduler.py)."""
 
 
 def _count(answer: Any, key: str) -> int:
