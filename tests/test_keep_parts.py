@@ -199,10 +199,10 @@ class TestReport:
     RECORDS: ClassVar[list[dict[str, Any]]] = [
         {"kind": "chat", "outcome": "done", "ttft_ms": 30_000.0,
          "timings": {"prompt_n": 10_000, "prompt_ms": 25_000.0}},
-        {"kind": "kv_save", "outcome": "done", "prompt_tokens": 10_010, "total_ms": 800.0,
+        {"kind": "kv_save", "outcome": "done", "kv_tokens": 10_010, "total_ms": 800.0,
          "kv_bytes": 246_000_000},
         {"kind": "kv_restore", "outcome": "done", "prompt_tokens": 10_010, "total_ms": 50.0,
-         "kv_bytes": 246_000_000},
+         "kv_bytes": 246_000_000},  # written before `kv_tokens`: its tokens in `prompt_tokens`
         {"kind": "chat", "outcome": "done", "ttft_ms": 300.0, "restored_tokens": 9_984,
          "timings": {"prompt_n": 30, "prompt_ms": 60.0}},
         {"kind": "kv_restore", "outcome": "failed", "total_ms": 5.0},
@@ -213,6 +213,7 @@ class TestReport:
         rows = {r.label: r for r in table.rows}
         assert rows["saves done"].n == 1 and rows["saves done"].values[2] == pytest.approx(0.246)
         assert rows["restores done"].n == 1 and rows["restores failed"].n == 1
+        assert rows["saves done"].values[0] == rows["restores done"].values[0] == 10_010
         assert rows["requests with a restored prefix"].values[:2] == (9_984.0, 0.3)
         saved_s = rows["time saved (estimated)"].values[1]
         assert saved_s == pytest.approx(9_984 * 2.5 / 1000 - 0.05)  # 2.5 ms a token, less the restore

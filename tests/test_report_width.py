@@ -36,9 +36,9 @@ def day_of_records() -> list[dict[str, Any]]:
         records.append({**rec(f"w{i}", at + 150, 1.1), "kind": "warm", "fed_tokens": 1_800,
                         "outcome": "done" if i % 3 else "superseded"})
         records.append({**rec(f"save{i}", at + 250, 0.42), "kind": "kv_save",
-                        "prompt_tokens": 24_000, "kv_bytes": 1.3e9})
+                        "kv_tokens": 24_000, "kv_bytes": 1.3e9})
         records.append({**rec(f"restore{i}", at + 260, 0.85), "kind": "kv_restore",
-                        "prompt_tokens": 24_000, "kv_bytes": 1.3e9})
+                        "kv_tokens": 24_000, "kv_bytes": 1.3e9})
         records.append(rec(f"back{i}", at + 270, 5.5, wait=0.0, prefill=0.3, prompt_n=400,
                            cache_n=23_600, restored_tokens=23_600, client=f"user{i % 3}"))
     return records

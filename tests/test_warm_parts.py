@@ -10,12 +10,13 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from proxy.estimate import NotEstimable
+from proxy.record.outcome import Outcome
 from proxy.report.reports import timing_report
 from proxy.report.tables import Thresholds
 from proxy.report.warm_table import warm_table
 from proxy.warm.prefix import PROBE, chat_renders, common_prefix, same_conversation
 from proxy.warm.record import warm_flight, warm_record
-from proxy.warm.values import Outcome, WarmKnobs, WarmUp
+from proxy.warm.values import WarmKnobs, WarmUp
 from proxy.warm.views import status_view, warm_view
 
 HISTORY = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]

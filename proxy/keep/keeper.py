@@ -27,7 +27,7 @@ from proxy.config import KeepKvConfig
 from proxy.estimate import Estimate, block_hashes, estimate
 from proxy.keep.files import KeptFiles
 from proxy.keep.probe import UNKNOWN, Probe, probe
-from proxy.keep.record import RESTORE_KIND, SAVE_KIND, kv_flight, kv_record
+from proxy.keep.record import kv_flight, kv_record
 from proxy.keep.store import KeepStore
 from proxy.keep.values import (
     Delete,
@@ -48,6 +48,7 @@ from proxy.prefill.events import Restorable
 from proxy.prefill.hooks import Restored
 from proxy.record.flight import Flight, Phase
 from proxy.record.kind import Kind
+from proxy.record.outcome import Outcome
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamCallError
 
@@ -233,9 +234,10 @@ class Keeper:
         """The restore and its record; why it failed, or None."""
         saved = self.store.files.get(restore.name)
         size = saved.size if saved is not None else 0
-        rec = self._flight(f"{flight.id}-restore", restore.slot, "restore", restore.name, flight.client)
+        rec = self._flight(f"{flight.id}-restore", restore.slot, Kind.KV_RESTORE, restore.name,
+                           flight.client)
         started = self._state.clock()
-        rec.prompt_tokens, rec.kv_bytes = (saved.tokens if saved else None), size
+        rec.kv_tokens, rec.kv_bytes = (saved.tokens if saved else None), size
         try:
             answer = await self._state.upstream.post_json(
                 f"/slots/{restore.slot}?action=restore", {"filename": restore.name},
@@ -245,12 +247,12 @@ class Keeper:
             gone = exc.status is None and not await self._answers_health()
             self._apply_now(self.store.on_restore_failed(restore, status=exc.status,
                                                          server_gone=gone))
-            self._record(rec, RESTORE_KIND, "failed", str(exc), exc.status)
+            self._record(rec, Outcome.FAILED, str(exc), exc.status)
             return str(exc)
         except BaseException as exc:  # the client left, or a bug: the slot is free again
             self.store.on_restore_abandoned(restore)
             gone = isinstance(exc, asyncio.CancelledError)
-            self._record(rec, RESTORE_KIND, "client_gone" if gone else "failed",
+            self._record(rec, Outcome.CLIENT_GONE if gone else Outcome.FAILED,
                          "the request's client left" if gone else f"internal error: {exc!r}", None)
             raise
         self.store.on_restored(restore, n_restored, task, self._wall())
@@ -258,11 +260,11 @@ class Keeper:
             took_ms = (self._state.clock() - started) * 1000.0
             self.restore_ms_per_byte += RESTORE_COST_WEIGHT * (took_ms / size
                                                                - self.restore_ms_per_byte)
-        rec.prompt_tokens, rec.restored_tokens = n_restored, restore.covered
+        rec.kv_tokens, rec.restored_tokens = n_restored, restore.covered
         rec.kv_bytes = answer["n_read"] if isinstance(answer.get("n_read"), int) else size
-        displaced = (f"{restore.name}; displaced {restore.displaced} tokens of an unsaved "
-                     f"conversation from slot {restore.slot}") if restore.displaced else None
-        self._record(rec, RESTORE_KIND, "done", None, 200, displaced)
+        displaced = (f"displaced {restore.displaced} tokens of an unsaved conversation from slot "
+                     f"{restore.slot}") if restore.displaced else None
+        self._record(rec, Outcome.DONE, None, 200, displaced)
         self.files.write_index()
         return None
 
@@ -342,7 +344,7 @@ class Keeper:
     async def save(self, save: SaveSlot) -> None:
         """Run a save the policy let go (rule 16): llama-server writes it, slotwise seals and keeps
         it, and writes its record."""
-        rec = self._flight("kv-save", save.slot, "save", save.name, None)
+        rec = self._flight("kv-save", save.slot, Kind.KV_SAVE, save.name, None)
         try:
             answer = await self._state.upstream.post_json(
                 f"/slots/{save.slot}?action=save", {"filename": save.temp}, timeout_s=SAVE_TIMEOUT_S)
@@ -352,7 +354,7 @@ class Keeper:
             self._apply_now([Delete(save.temp, "the save failed")])
             if not isinstance(exc, UpstreamCallError):
                 raise
-            self._record(rec, SAVE_KIND, "failed", str(exc), exc.status)
+            self._record(rec, Outcome.FAILED, str(exc), exc.status)
             return
         try:
             size, digest = await self.files.seal(save.temp, save.name)
@@ -361,17 +363,17 @@ class Keeper:
             self._apply_now([Delete(save.temp, "the save cannot be checked")])
             problem = ("not in keep_kv.dir" if isinstance(exc, FileNotFoundError)
                        else f"cannot be read by slotwise: {exc.strerror}")
-            self._record(rec, SAVE_KIND, "failed", f"llama-server saved {save.temp}, but it is "
-                                                    f"{problem} ({self.files.dir})", 200)
+            self._record(rec, Outcome.FAILED, f"llama-server saved {save.temp}, but it is "
+                                              f"{problem} ({self.files.dir})", 200)
             return
         decisions = self.store.on_saved(save, n_saved, size, self._wall(), digest=digest)
-        rec.prompt_tokens, rec.kv_bytes = n_saved, size
+        rec.kv_tokens, rec.kv_bytes = n_saved, size
         kept = any(isinstance(d, KeepFile) for d in decisions)
         self._apply_now(decisions)
         why = next((d.reason for d in decisions if isinstance(d, Delete)
                     and d.name in (save.name, save.temp)), None)
-        self._record(rec, SAVE_KIND, "done" if kept else "changed", None if kept else why, 200,
-                     f"{save.name}: deleted at once, {why}" if kept and why else None)
+        self._record(rec, Outcome.DONE if kept else Outcome.CHANGED, None if kept else why, 200,
+                     f"deleted at once: {why}" if kept and why else None)
 
     # ---- applying decisions -----------------------------------------------------------------------
 
@@ -406,21 +408,20 @@ class Keeper:
     async def _slots(self) -> list[SlotState]:
         return read_slots(await self._state.upstream.get_json("/slots", timeout_s=SLOTS_TIMEOUT_S))
 
-    def _flight(self, call_id: str, slot: int, action: str, name: str, client: str | None) -> Flight:
+    def _flight(self, call_id: str, slot: int, kind: Kind, name: str, client: str | None) -> Flight:
         """A save's or restore's record facts, under an id from the one issuer of ids (unique
         among every request's: a client's X-Request-Id cannot take it, nor it a client's)."""
         state = self._state
         rid = state.ids.issue(call_id, lambda taken: state.registry.get(taken) is not None)
-        return kv_flight(rid, slot, action, name, now=state.clock(), wall=time.time(),
+        return kv_flight(rid, slot, kind, name, now=state.clock(), wall=time.time(),
                          config_gen=state.config_gen, client=client)
 
-    def _record(self, flight: Flight, kind: str, outcome: str, error: str | None,
+    def _record(self, flight: Flight, outcome: Outcome, error: str | None,
                 status: int | None, note: str | None = None) -> None:
         flight.outcome, flight.error, flight.status = outcome, error, status
-        if note is not None:
-            flight.prefill.note = note
-        record = kv_record(flight, kind, self._state.clock())
-        (self.saves if kind == SAVE_KIND else self.restores)[outcome] += 1
+        flight.prefill.note = note
+        record = kv_record(flight, self._state.clock())
+        (self.saves if flight.kind is Kind.KV_SAVE else self.restores)[outcome] += 1
         self._state.emit(record)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.record.kind import Kind
+from proxy.record.outcome import Outcome
 from proxy.record.timing import RequestTimer
 
 
@@ -94,7 +95,7 @@ class Flight:
 
     # -- the observer: what the upstream answered (the handler for slotwise's own errors) -----------
     status: int | None = None
-    outcome: str = "done"
+    outcome: Outcome = Outcome.DONE
     error: str | None = None
     bytes_out: int = 0
     timings: dict[str, Any] | None = None
@@ -114,8 +115,12 @@ class Flight:
     # -- keep_kv (proxy/keep, the prefill gate's `keep` hook; the keeper's own save/restore records) --
     restored_tokens: int = 0
     """Prompt tokens of this request restored from a file slotwise saved, just before it was sent."""
+    kv_file: str | None = None
+    """A `kv_save`/`kv_restore` record's file name."""
+    kv_tokens: int | None = None
+    """The tokens that file holds (saved, or read back by a restore)."""
     kv_bytes: int = 0
-    """A `kv_save`/`kv_restore` record's file size (written or read)."""
+    """Its size (written or read)."""
 
     def prefilling(self) -> bool:
         """Its prompt is being computed now: by the server, or (chunk mode) in pieces fed ahead."""

@@ -1,7 +1,10 @@
-"""The kind of a request: which task of llama-server's it is for, as the record's `kind` names it.
+"""The kind of a record: which task of llama-server's a request is for, or which of slotwise's own
+works it records (a warm-up, a save, a restore, a summary of refusals), as the record's `kind` names
+it.
 
-The request path tells the kind from the endpoint (`proxy/request/endpoints.py` `classify`); the
-record, the usage parsers, the gate and the replay read it. It lives here, below both.
+The request path tells a request's kind from the endpoint (`proxy/request/endpoints.py`
+`classify`); the record, the usage parsers, the gate and the replay read it. It lives here, below
+both.
 """
 
 from __future__ import annotations
@@ -21,3 +24,9 @@ class Kind(enum.StrEnum):
     TRANSCRIPTION = "transcription"  # audio in a multipart form: the body is never read
     DECISION = "decision"  # /v1/systemone, for decision models
     OTHER = "other"
+    # -- slotwise's own work, never a request in flight (docs/record.md) ---------------------------
+    WARM = "warm"
+    KV_SAVE = "kv_save"
+    KV_RESTORE = "kv_restore"
+    REFUSALS = "refusals"
+    """A summary of refused requests not written one by one (`proxy/record/refusals.py`)."""

@@ -23,11 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.record.kind import Kind
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record
 
 REFUSALS = frozenset({"unauthorized", "forbidden", "bad_request"})
 """The outcomes of rule 1."""
-SUMMARY_KIND = "refusals"
+SUMMARY_KIND = Kind.REFUSALS
 WHOLE_PER_MINUTE = 5
 WINDOW_S = 60.0
 MAX_KEYS = 256
@@ -37,7 +39,7 @@ OTHER_PEERS = "(other peers)"
 @dataclass(frozen=True)
 class RefusalKey:
     peer: str
-    outcome: str
+    outcome: Outcome
     status: int | None
 
 

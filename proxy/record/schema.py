@@ -15,6 +15,7 @@ import orjson
 
 from proxy.record.clientstrings import MAX_CHARS, clean_id, clean_text, safe_text
 from proxy.record.flight import Flight
+from proxy.record.outcome import Outcome
 
 MAX_PATH_CHARS = 512
 MAX_ERROR_CHARS = 1000
@@ -48,7 +49,7 @@ class Record:
     kind: str | None = None
     status: int | None = None
     stream: bool = False
-    outcome: str = "done"
+    outcome: Outcome = Outcome.DONE
     error: str | None = None
     client: str | None = None
     purpose: str | None = None
@@ -88,6 +89,8 @@ class Record:
     warmed_tokens: int = 0
     warm_ids: tuple[str, ...] = ()
     restored_tokens: int = 0
+    kv_file: str | None = None
+    kv_tokens: int | None = None
     kv_bytes: int = 0
     refused_count: int = 0
     peer: str | None = None
@@ -134,7 +137,8 @@ def build_record(flight: Flight) -> Record:
         est_prompt_tokens=prefill.est_prompt_tokens, est_new_tokens=prefill.est_new_tokens,
         policy_note=safe_text(prefill.note, MAX_ERROR_CHARS), node=flight.node,
         warmed_tokens=flight.warmed_tokens, warm_ids=tuple(flight.warm_ids),
-        restored_tokens=flight.restored_tokens, kv_bytes=flight.kv_bytes,
+        restored_tokens=flight.restored_tokens, kv_file=safe_text(flight.kv_file, MAX_PATH_CHARS),
+        kv_tokens=flight.kv_tokens, kv_bytes=flight.kv_bytes,
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from proxy.config import ConfigError
 from proxy.record.clientstrings import clean_id
 from proxy.record.log_limit import LogLimit
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record
 
 log = logging.getLogger("slotwise.timing")
@@ -123,5 +124,5 @@ def _line(record: Record) -> bytes:
     except (TypeError, ValueError) as exc:
         log.error("timing record %r cannot be written as JSON (%s): writing its id only",
                   record.id, exc)
-        return Record(id=clean_id(record.id) or "-", outcome="proxy_error",
+        return Record(id=clean_id(record.id) or "-", outcome=Outcome.PROXY_ERROR,
                       error="slotwise could not write this record as JSON").to_json()

@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from proxy.record.kind import Kind
+from proxy.record.outcome import Outcome
 from proxy.report.model import Row, Table, quantile
 from proxy.report.records import RecordLine, is_turn, new_tokens, num
 
-WARM_KIND = "warm"
-OUTCOMES = ("done", "superseded", "expired", "cancelled", "failed")
+WARM_KIND = Kind.WARM
+OUTCOMES = (Outcome.DONE, Outcome.SUPERSEDED, Outcome.EXPIRED, Outcome.CANCELLED, Outcome.FAILED)
 
 
 def warm_table(records: Sequence[RecordLine], cold_tokens: int) -> Table:

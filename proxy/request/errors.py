@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.record.outcome import Outcome
 from proxy.request.headers import REQUEST_ID_HEADER
 
 PROXY_ERROR_HEADER = "X-Slotwise-Error"
@@ -23,7 +24,7 @@ class ProxyError(Exception):
 
     status = 500
     type = "slotwise_error"
-    outcome = "proxy_error"
+    outcome = Outcome.PROXY_ERROR
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -44,7 +45,7 @@ class ProxyError(Exception):
 class BadRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
-    outcome = "bad_request"
+    outcome = Outcome.BAD_REQUEST
 
 
 class PayloadTooLarge(BadRequest):
@@ -62,7 +63,7 @@ class Unauthorized(ProxyError):
 
     status = 401
     type = "authentication_error"
-    outcome = "unauthorized"
+    outcome = Outcome.UNAUTHORIZED
 
     def __init__(self, message: str, *, challenge: str) -> None:
         super().__init__(message)
@@ -77,7 +78,7 @@ class Forbidden(ProxyError):
 
     status = 403
     type = "permission_error"
-    outcome = "forbidden"
+    outcome = Outcome.FORBIDDEN
 
 
 class UpstreamUnavailable(ProxyError):
@@ -85,13 +86,13 @@ class UpstreamUnavailable(ProxyError):
 
     status = 502
     type = "slotwise_upstream_unavailable"
-    outcome = "upstream_error"
+    outcome = Outcome.UPSTREAM_ERROR
 
 
 class UpstreamTimeout(ProxyError):
     status = 504
     type = "slotwise_upstream_timeout"
-    outcome = "upstream_error"
+    outcome = Outcome.UPSTREAM_ERROR
 
 
 class BadUpstreamStream(ProxyError):
@@ -99,7 +100,7 @@ class BadUpstreamStream(ProxyError):
 
     status = 502
     type = "slotwise_bad_upstream_stream"
-    outcome = "upstream_error"
+    outcome = Outcome.UPSTREAM_ERROR
 
 
 class Rejected(ProxyError):
@@ -107,7 +108,7 @@ class Rejected(ProxyError):
 
     status = 503
     type = "slotwise_overloaded"
-    outcome = "rejected"
+    outcome = Outcome.REJECTED
 
 
 class ShuttingDown(ProxyError):
@@ -116,7 +117,7 @@ class ShuttingDown(ProxyError):
 
     status = 503
     type = "slotwise_shutting_down"
-    outcome = "shutdown"
+    outcome = Outcome.SHUTDOWN
 
 
 class LoraNotReady(ProxyError):
@@ -125,7 +126,7 @@ class LoraNotReady(ProxyError):
 
     status = 503
     type = "slotwise_lora_not_ready"
-    outcome = "upstream_error"
+    outcome = Outcome.UPSTREAM_ERROR
 
 
 class NotReady(ProxyError):
@@ -133,7 +134,7 @@ class NotReady(ProxyError):
 
     status = 503
     type = "slotwise_not_ready"
-    outcome = "upstream_error"
+    outcome = Outcome.UPSTREAM_ERROR
 
 
 class TooManyWarmUps(ProxyError):
@@ -141,7 +142,7 @@ class TooManyWarmUps(ProxyError):
 
     status = 429
     type = "slotwise_too_many_warmups"
-    outcome = "rejected"
+    outcome = Outcome.REJECTED
 
 
 class WarmOff(Rejected):
@@ -153,7 +154,7 @@ class NoSuchWarmUp(ProxyError):
 
     status = 404
     type = "not_found_error"
-    outcome = "bad_request"
+    outcome = Outcome.BAD_REQUEST
 
 
 def error_headers(error: ProxyError, request_id: str | None = None) -> dict[str, str]:

@@ -19,6 +19,7 @@ from proxy.record.clientstrings import clean_text, safe_text
 from proxy.record.flight import Flight
 from proxy.record.kind import Kind
 from proxy.record.node import node_name
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.request.access import Allow, Refuse, decide, forwarded_headers
@@ -171,6 +172,6 @@ class Exchange:
             record = build_record(self.flight)
         except Exception:  # write what is certain
             log.exception("building the record of %s failed", self.flight.id)
-            record = Record(id=self.flight.id, outcome="proxy_error",
+            record = Record(id=self.flight.id, outcome=Outcome.PROXY_ERROR,
                             error="slotwise could not build this record")
         self.state.emit(record, peer=self.request.remote, sample=True)

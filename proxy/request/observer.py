@@ -15,6 +15,7 @@ import orjson
 
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
+from proxy.record.outcome import Outcome
 from proxy.request.endpoints import GENERATING
 from proxy.request.errors import BadUpstreamStream
 from proxy.request.signals import Signal, What, interpret
@@ -58,7 +59,7 @@ class Observer:
     def wrote(self, size: int) -> None:
         self.flight.bytes_out += size
 
-    def broke(self, outcome: str, message: str) -> None:
+    def broke(self, outcome: Outcome, message: str) -> None:
         """The response could not be relayed to its end (the upstream broke off or went silent)."""
         self.flight.outcome, self.flight.error = outcome, message
 
@@ -71,8 +72,8 @@ class Observer:
     def ended(self) -> None:
         """The response was relayed (or cut): an error status is the upstream's error."""
         flight = self.flight
-        if flight.status is not None and flight.status >= 400 and flight.outcome == "done":
-            flight.outcome = "upstream_error"
+        if flight.status is not None and flight.status >= 400 and flight.outcome is Outcome.DONE:
+            flight.outcome = Outcome.UPSTREAM_ERROR
 
     # ---- stream events -----------------------------------------------------------------------
 
@@ -87,7 +88,7 @@ class Observer:
         elif what is What.PROGRESS and signal.progress is not None:
             self._progress(signal.progress, now)
         elif what is What.ERROR:
-            flight.outcome, flight.error = "upstream_error", signal.error
+            flight.outcome, flight.error = Outcome.UPSTREAM_ERROR, signal.error
         elif what is What.MALFORMED:
             raise BadUpstreamStream(f"the upstream sent a malformed event: {signal.error}")
         if signal.timings is not None:

@@ -20,7 +20,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 
 from proxy.record.clientstrings import safe_text
+from proxy.record.kind import Kind
 from proxy.record.log_limit import LogLimit
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record
 from proxy.state import STATE
 
@@ -64,8 +66,8 @@ class ParserErrors(logging.LoggerAdapter[logging.Logger]):
             return
         record = Record(
             id=state.ids.issue(None, lambda taken: state.registry.get(taken) is not None),
-            start=datetime.now(UTC).isoformat(timespec="milliseconds"), kind="other", status=400,
-            outcome="bad_request", error=f"not valid HTTP: {reason}", config_gen=state.config_gen)
+            start=datetime.now(UTC).isoformat(timespec="milliseconds"), kind=Kind.OTHER, status=400,
+            outcome=Outcome.BAD_REQUEST, error=f"not valid HTTP: {reason}", config_gen=state.config_gen)
         state.emit(record, peer=peer if isinstance(peer, str) else None, sample=True)
 
 

@@ -13,6 +13,7 @@ from typing import Protocol
 from aiohttp import web
 
 from proxy.record.flight import Flight
+from proxy.record.outcome import Outcome
 from proxy.request.errors import BadRequest, ProxyError, ShuttingDown, error_response
 from proxy.state import ProxyState
 
@@ -50,10 +51,10 @@ async def guaranteed(trip: Trip, state: ProxyState) -> web.StreamResponse:
         reason = [line.strip() for line in str(exc).splitlines() if line.strip()] or ["broken"]
         return trip.fail(BadRequest(f"the request body could not be read: {reason[-1]}"))
     except ConnectionResetError:
-        trip.flight.outcome = "client_gone"
+        trip.flight.outcome = Outcome.CLIENT_GONE
         return trip.response or web.Response(status=499)
     except asyncio.CancelledError:
-        trip.flight.outcome = "shutdown" if state.stopping else "client_gone"
+        trip.flight.outcome = Outcome.SHUTDOWN if state.stopping else Outcome.CLIENT_GONE
         if not (state.stopping and trip.can_answer()):
             raise
         task = asyncio.current_task()

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 from proxy.prefill.events import Load, Sizer
 from proxy.prefill.sizing import next_upto, pause_s
+from proxy.record.outcome import Outcome
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
     CancelWarmPiece,
     Credit,
     Ended,
     Feed,
-    Outcome,
     RestoreKept,
     WarmDecision,
     WarmKnobs,

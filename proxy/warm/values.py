@@ -5,17 +5,10 @@ piece sizes (`Sizer`) the prefill policy gives it (`proxy/prefill/events.py`).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-class Outcome(enum.StrEnum):
-    DONE = "done"
-    CANCELLED = "cancelled"
-    SUPERSEDED = "superseded"
-    EXPIRED = "expired"
-    FAILED = "failed"
+from proxy.record.outcome import Outcome
 
 
 class WarmRefused(Exception):

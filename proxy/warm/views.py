@@ -8,7 +8,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from proxy.warm.values import Outcome, WarmKnobs, WarmUp
+from proxy.record.outcome import Outcome
+from proxy.warm.values import WarmKnobs, WarmUp
 
 PRIVATE_FIELDS = ("cached", "est_tokens", "done_tokens", "computed_tokens", "pieces", "reason")
 """What a warm-up's answer leaves out for a client when caches are each client's own: how much of

@@ -12,6 +12,7 @@ from typing import Any
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.report.records import num
@@ -79,19 +80,19 @@ class Witness:
     def failed(self, flight: Flight, status: int, error: str, now: float) -> None:
         if flight.status is None:
             flight.status = status
-        flight.outcome, flight.error = "upstream_error", error
+        flight.outcome, flight.error = Outcome.UPSTREAM_ERROR, error
         self._end(flight, now)
 
     def gone(self, flight: Flight, task: Task | None, events: int, now: float) -> None:
         """The client left at `now`: what it had seen by then."""
-        flight.outcome = "client_gone"
+        flight.outcome = Outcome.CLIENT_GONE
         if flight.stream and task is not None and task.tokens:
             seen = [t for t in task.tokens if t <= now]
             flight.timer.tokens[1:] = pick(seen, events * len(seen) // max(1, len(task.tokens)))[1:]
         self._end(flight, now)
 
     def rejected(self, flight: Flight, reason: str, now: float) -> None:
-        flight.status, flight.outcome = 503, "rejected"
+        flight.status, flight.outcome = 503, Outcome.REJECTED
         flight.error = f"slotwise is holding too many cold prompts: {reason}"
         self._end(flight, now)
 

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.record.kind import Kind
 from proxy.report.records import (
     COMPLETION_KINDS,
     RecordLine,
@@ -32,7 +33,7 @@ from proxy.whatif.prompts import SegmentIds, Seq
 RETURN_GAP_S = 600.0
 """A client away this long whose prompt missed the cache is taken to have come back to the same
 history (the cache had lost it), not to have rewritten it."""
-OWN_KINDS = frozenset({"warm", "kv_save", "kv_restore"})
+OWN_KINDS = frozenset({Kind.WARM, Kind.KV_SAVE, Kind.KV_RESTORE})
 """Records of slotwise's own work: the what-if makes its own (or none), never copies these."""
 REPLAYED = frozenset({"done", "client_gone", "rejected", "shutdown"})
 """Outcomes of model requests the what-if replays; any other is copied as it was."""
