@@ -230,7 +230,7 @@ class TestBenchTables:
                                        "2": [Turn(2.0, 1000, 1000, 0)] * 2 + [Turn(0.3, 1000, 20, 960)] * 2})
         sc = KeepScenario(conversations=4, small_budget=2)
         restored = returning_table(figures, sc, "small")
-        assert [next(iter(c.cells)) for c in restored.columns[1:3]] == ["0.40 s", "35.00 s"]
+        assert [next(iter(c.cells)) for c in restored.columns[1:3]] == ["400 ms", "35.0 s"]
         budgets = budget_table(figures, sc)
         assert list(budgets.columns[1].cells) == ["4 of 4", "2 of 4"]
         assert list(budgets.columns[2].cells) == ["4 of 4 (N=4)", "2 of 2 (N=2)"]

@@ -11,6 +11,7 @@ import orjson
 from rich import box
 from rich.table import Table
 
+from proxy.report.cells import fmt
 from proxy.report.fit import print_table as print_table  # the benchmarks and the demo import it here
 
 
@@ -28,8 +29,9 @@ def show(table: Table, figures: dict[str, Any], *, as_json: bool) -> int:
 
 
 def seconds(value: float | None) -> str:
-    """A time in seconds for a table ("–" when it was not measured)."""
-    return "–" if value is None else f"{value:.2f} s"
+    """A time in seconds for a table, as the reports show one (`proxy/report/cells.py`: under a
+    second in ms); "–" when it was not measured."""
+    return "–" if value is None else fmt(value, "s")
 
 
 def percent(share: float | None) -> str:
