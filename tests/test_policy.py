@@ -248,20 +248,38 @@ class TestRule6Chunk:
             Forward("c", "rest fits one piece after 10 pieces (2560 tokens fed)")]
         assert ("c", Phase.QUEUED) in p.snapshot().in_flight
 
-    def test_a_rest_under_cold_tokens_goes_at_once(self) -> None:
-        """What is left is a short turn's work: sent as rule 1 sends one, never paused nor held
-        (bench day: a post-summary turn held 27.6 s by the batch cost's HOLD for its last 175)."""
+    def test_pieces_go_on_under_cold_tokens(self) -> None:
+        """Sent whole, a rest of 1,832 tokens would stall the streams for all of it (bench
+        contention: a 960-token rest sent whole made a 2.6 s gap, against one piece's 0.25 s)."""
         p = policy(tps=1000.0, prefill_share=0.25)
         busy(p)
         p.on_arrival("c", 2600, 2600, 0.0)
-        assert p.on_piece_done("c", 256, 256.0, 0.3) == []  # 2,344 left: paused
-        [piece] = p.on_tick(2.0)
-        assert piece == FeedPiece("c", 512)
-        assert p.on_piece_done("c", 256, 256.0, 2.3) == [  # 2,088 left
-            ] and p.on_tick(4.0) == [FeedPiece("c", 768)]
-        assert p.on_piece_done("c", 256, 256.0, 4.3) == [
-            Forward("c", "its rest (1832 tokens) is under cold_tokens after 3 pieces "
-                         "(768 tokens fed)")]
+        now = 0.0
+        for upto in (512, 768, 1024):  # 2,088, 1,832, 1,576 left
+            assert p.on_piece_done("c", 256, 256.0, now + 0.3) == []
+            now += 2.0
+            assert p.on_tick(now) == [FeedPiece("c", upto)]
+
+    @pytest.mark.parametrize("cold_tokens", [1000, 1200])
+    def test_a_rest_under_cold_tokens_is_never_held(self, cold_tokens: int) -> None:
+        """What is left is a short turn's work: when the batch cost would hold it, it is sent as
+        rule 1 sends one (bench day: a post-summary turn held 27.6 s for its last 175 tokens);
+        a rest still cold is held as the batch cost chose."""
+        slow = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
+                                        per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=cold_tokens,
+                                        max_stall_ms=160.0, max_hold_s=30.0), cost=slow)
+        busy(p)
+        assert p.on_arrival("c", 2400, 2400, 0.0)[1] == FeedPiece("c", 1216)
+        after = p.on_piece_done("c", 1216, 1500.0 + 0.3 * 1216, 2.0)  # 1,184 left: a hold
+        if cold_tokens > 1184:
+            [sent] = after
+            assert isinstance(sent, Forward) and sent.reason.startswith(
+                "its rest (1184 tokens) is under cold_tokens: sent, not held after 1 pieces")
+        else:
+            assert after == [] and (p.next_wakeup() or 0.0) > 2.0
+            choice = p.snapshot().choice
+            assert choice is not None and choice.strategy is Strategy.HOLD
 
     def test_pieces_follow_a_changed_rate(self) -> None:
         p = policy(tps=1000.0)

@@ -84,8 +84,6 @@ class ColdPlans:
         if not server.use:
             return self._idle(server, shortest_rest(self.held.values()))
         for held in sorted(self.held.values(), key=HeldRequest.rest_key):
-            if held.rest < server.cfg.cold_tokens:
-                return held, held.release(f"its rest ({held.rest} tokens) is under cold_tokens")
             if held.hold_until is not None:
                 if now < held.hold_until:
                     continue
@@ -94,6 +92,9 @@ class ColdPlans:
             if choice.strategy is Strategy.WHOLE:
                 return held, held.release(choice.reason)
             if choice.strategy is Strategy.HOLD:
+                if held.rest < server.cfg.cold_tokens:  # a short turn's work: never held
+                    return held, held.release(f"its rest ({held.rest} tokens) is under "
+                                              "cold_tokens: sent, not held")
                 held.hold_until = now + choice.hold_ms / 1000.0
                 continue
             if self._piece_waits(server, held, now):
