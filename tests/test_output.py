@@ -102,6 +102,8 @@ def test_the_contention_tables_keep_every_figure_at_80_columns() -> None:
         assert "…" not in text
         assert max(len(line) for line in text.splitlines()) <= 80
     assert printed(render(results, bases)).count("170.50 ×") == 4
+    assert "beside 3 generating streams" in printed(render(results, bases))
+    assert "beside one generating stream" in printed(render(results, bases, streams=1))
     assert printed(estimate_table(results)).count("32,264") == 4
     assert printed(ranges_table([results] * 2)).count("13.637–13.637") == 4
 

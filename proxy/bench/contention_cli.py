@@ -153,8 +153,10 @@ def _cell(fmt: str, key: str, fig: dict[str, Any]) -> str:
     return "–" if fig.get(key) is None else fmt.format(fig[key], **fig)
 
 
-def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline]) -> Table:
-    table = figures_table("a cold prompt among three generating streams (testbed small model)")
+def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline], streams: int = 3
+           ) -> Table:
+    beside = "one generating stream" if streams == 1 else f"{streams} generating streams"
+    table = figures_table(f"a cold prompt beside {beside} (testbed small model)")
     table.add_column("figure")
     for path in results:
         table.add_column(path, justify="right")
@@ -246,7 +248,7 @@ def run_contention(args: argparse.Namespace) -> int:
                                   log=lambda line: console.print(f"[dim]{line}[/dim]"))
             results = {path: figures(run, bases["b512" if "512" in path else "default"])
                        for path, run in runs.items()}
-            print_table(render(results, bases))
+            print_table(render(results, bases, sc.streams))
             print_table(estimate_table(results))
             console.print(f"[dim]logs and timing records in {work}[/dim]")
             one[name] = {"results": results,
