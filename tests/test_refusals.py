@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.record.kind import Kind
 from proxy.record.refusals import (
     OTHER_PEERS,
-    SUMMARY_KIND,
     RefusalKey,
     RefusalSampler,
     Summary,
@@ -77,7 +77,7 @@ class TestRule3TheRestAreCountedInOneSummary:
     def test_the_summary_is_a_record_of_its_own_kind_standing_for_its_count(self) -> None:
         summary = Summary(RefusalKey("1.2.3.4", "unauthorized", 401), "t0", 45, 3, "n:1")
         record = summary_record(summary, "abc")
-        assert (record.kind, record.refused_count, record.peer) == (SUMMARY_KIND, 45, "1.2.3.4")
+        assert (record.kind, record.refused_count, record.peer) == (Kind.REFUSALS, 45, "1.2.3.4")
         assert (record.status, record.outcome, record.start, record.node) == (401, "unauthorized",
                                                                               "t0", "n:1")
         assert "45 more requests from 1.2.3.4" in (record.error or "")
@@ -124,7 +124,7 @@ async def test_a_flood_of_refusals_writes_a_few_records_and_one_summary(
     assert len(read_records(proxy, 6)) == 6  # 5 refusals whole, the answered one
     await asyncio.to_thread(proxy.stop)  # the summary of a minute not over is written at the stop
     records = read_records(proxy)
-    assert [r["kind"] for r in records] == ["chat"] * 6 + [SUMMARY_KIND]
+    assert [r["kind"] for r in records] == ["chat"] * 6 + [Kind.REFUSALS]
     summary = records[-1]
     assert (summary["refused_count"], summary["peer"], summary["status"]) == (45, "127.0.0.1", 401)
     assert sum(requests_in(r) for r in records) == 51

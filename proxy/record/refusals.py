@@ -29,7 +29,6 @@ from proxy.record.schema import Record
 
 REFUSALS = frozenset({"unauthorized", "forbidden", "bad_request"})
 """The outcomes of rule 1."""
-SUMMARY_KIND = Kind.REFUSALS
 WHOLE_PER_MINUTE = 5
 WINDOW_S = 60.0
 MAX_KEYS = 256
@@ -116,7 +115,7 @@ def summary_record(summary: Summary, rid: str, whole: int = WHOLE_PER_MINUTE) ->
     """The one record that stands for the refusals of a key's minute that were not written."""
     key = summary.key
     return Record(
-        id=rid, start=summary.start, kind=SUMMARY_KIND, status=key.status, outcome=key.outcome,
+        id=rid, start=summary.start, kind=Kind.REFUSALS, status=key.status, outcome=key.outcome,
         error=(f"{summary.count} more requests from {key.peer} refused the same way "
                f"({key.status} {key.outcome}) within a minute of the first: the first {whole} "
                "have records of their own, these are counted here"),
@@ -127,7 +126,7 @@ def summary_record(summary: Summary, rid: str, whole: int = WHOLE_PER_MINUTE) ->
 def requests_in(record: Mapping[str, Any]) -> int:
     """How many requests one record of the timing log stands for: a summary its `refused_count`,
     any other record one."""
-    if record.get("kind") != SUMMARY_KIND:
+    if record.get("kind") != Kind.REFUSALS:
         return 1
     count = record.get("refused_count")
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0

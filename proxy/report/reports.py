@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.record.refusals import SUMMARY_KIND, requests_in
+from proxy.record.kind import Kind
+from proxy.record.refusals import requests_in
 from proxy.report import record_tables, tables, task_tables
 from proxy.report.keep_table import keep_tables
 from proxy.report.model import Report, Span, Table
@@ -13,19 +14,19 @@ from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
 from proxy.report.tables import Thresholds
 from proxy.report.tasks import Task
-from proxy.report.warm_table import WARM_KIND, warm_table
+from proxy.report.warm_table import warm_table
 
 
 def timing_report(title: str, records: Sequence[RecordLine], log: LoadedTimingLog | None,
                   th: Thresholds) -> Report:
     pieces = first_pieces(log.records if log is not None else records)
-    timed = [r for r in records if r.get("kind") != SUMMARY_KIND]  # a summary of refusals: no times
+    timed = [r for r in records if r.get("kind") != Kind.REFUSALS]  # a summary of refusals: no times
     spans = [record_to_span(r, pieces) for r in timed]
     index = SpanIndex(spans)
     # The ids of `inflight_at_start` may name requests outside the selected range.
     if log is not None:
         index.by_key.update({s.key: s for s in (record_to_span(r, pieces) for r in log.records
-                                                if r.get("kind") != SUMMARY_KIND)})
+                                                if r.get("kind") != Kind.REFUSALS)})
     turns = [s for s, r in zip(spans, timed, strict=True) if is_turn(r)]
     untimed = sum(requests_in(r) for r in records) - len(timed)
     report_tables = (
@@ -63,7 +64,7 @@ def timing_report(title: str, records: Sequence[RecordLine], log: LoadedTimingLo
 
 def warm_tables(records: Sequence[RecordLine], th: Thresholds) -> tuple[Table, ...]:
     """The warm-ups table, where the log has warm-ups (docs/warm.md)."""
-    if not any(r.get("kind") == WARM_KIND or r.get("warmed_tokens") for r in records):
+    if not any(r.get("kind") == Kind.WARM or r.get("warmed_tokens") for r in records):
         return ()
     return (warm_table(records, th.short_new),)
 

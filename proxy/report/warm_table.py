@@ -12,13 +12,12 @@ from proxy.record.outcome import Outcome
 from proxy.report.model import Row, Table, quantile
 from proxy.report.records import RecordLine, is_turn, new_tokens, num
 
-WARM_KIND = Kind.WARM
 OUTCOMES = (Outcome.DONE, Outcome.SUPERSEDED, Outcome.EXPIRED, Outcome.CANCELLED, Outcome.FAILED)
 
 
 def warm_table(records: Sequence[RecordLine], cold_tokens: int) -> Table:
     """`cold_tokens`: a turn not warmed that computed at least this many prompt tokens is cold."""
-    warm = [r for r in records if r.get("kind") == WARM_KIND]
+    warm = [r for r in records if r.get("kind") == Kind.WARM]
     computed = [r for r in warm if (num(r, "fed_tokens") or 0) > 0]
     turns = [r for r in records if is_turn(r)]
     warmed = [r for r in turns if (num(r, "warmed_tokens") or 0) > 0]
