@@ -262,8 +262,9 @@ class TestRule6Chunk:
 
     @pytest.mark.parametrize("cold_tokens", [1000, 1200])
     def test_a_rest_under_cold_tokens_is_never_held(self, cold_tokens: int) -> None:
-        """What is left is a short turn's work: when the batch cost would hold it, it is sent as
-        rule 1 sends one (bench day: a post-summary turn held 27.6 s for its last 175 tokens);
+        """What is left is a short turn's work: when the batch cost would hold it, it goes on in
+        catch-up pieces, or whole when pieces cannot stall the streams less (here every batch
+        starts with 1.5 s) (bench day: a post-summary turn held 27.6 s for its last 175 tokens);
         a rest still cold is held as the batch cost chose."""
         slow = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
                                         per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
@@ -274,12 +275,36 @@ class TestRule6Chunk:
         after = p.on_piece_done("c", 1216, 1500.0 + 0.3 * 1216, 2.0)  # 1,184 left: a hold
         if cold_tokens > 1184:
             [sent] = after
-            assert isinstance(sent, Forward) and sent.reason.startswith(
-                "its rest (1184 tokens) is under cold_tokens: sent, not held after 1 pieces")
+            assert isinstance(sent, Forward) and sent.reason == (
+                "its rest (1184 tokens) is under cold_tokens: not held; no piece size catches up "
+                "within 1.5× the rest's time whole: forwarded whole after 1 pieces (1216 tokens fed)")
         else:
             assert after == [] and (p.next_wakeup() or 0.0) > 2.0
             choice = p.snapshot().choice
             assert choice is not None and choice.strategy is Strategy.HOLD
+
+    def test_a_hold_that_ends_with_streams_goes_on_in_catch_up_pieces(self) -> None:
+        """The streams kept generating through the hold: the rest goes in pieces that take at most
+        1.5x its time whole, with pauses a quarter of a piece, so a stream waits one piece (~1.95 s
+        here), not the whole rest (~3.05 s) (bench day: a 2,031-token rest sent whole after its
+        hold froze four streams for 8 s)."""
+        heavy = BatchCostModel(BatchCost(fixed_ms=800.0, per_token_ms=1.5,
+                                         per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=1000, max_stall_ms=160.0,
+                                        max_hold_s=30.0), cost=heavy)
+        busy(p)
+        assert p.on_arrival("c", 1500, 1500, 0.0) == [Hold("c", "others generating")]
+        until = p.next_wakeup()
+        assert until is not None and until == pytest.approx(4.575, abs=0.01)
+        assert p.on_tick(until) == [FeedPiece("c", 768)]
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.CATCH_UP
+        assert choice.reason.startswith("its hold ended with 1 generating; caught up in 768-token")
+        # 732 tokens left: two more pieces would stall the streams about as long as the rest.
+        [sent] = p.on_piece_done("c", 768, 1952.0, until + 1.952)
+        assert isinstance(sent, Forward) and sent.reason.startswith(
+            "its hold ended with 1 generating; no piece size catches up within 1.5× the rest's "
+            "time whole: forwarded whole after 1 pieces (768 tokens fed)")
 
     def test_pieces_follow_a_changed_rate(self) -> None:
         p = policy(tps=1000.0)
@@ -452,7 +477,8 @@ class TestRule9CostLearning:
 
     def test_when_no_piece_helps_it_holds_then_forwards_whole(self) -> None:
         """The rest fits one batch: any cut adds a 1.5 s batch, and each piece stalls the streams as
-        long as the whole would. Hold like defer, at most 3x its time alone, then send it whole."""
+        long as the whole would. Hold like defer, at most 3x its time alone; then no catch-up
+        piece stalls the streams less than the whole rest: sent whole."""
         slow = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
                                         per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
         p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=1000, max_stall_ms=160.0,
@@ -466,7 +492,8 @@ class TestRule9CostLearning:
         assert p.on_tick(until - 0.01) == []
         [admit] = p.on_tick(until)
         assert isinstance(admit, Admit)
-        assert admit.reason.startswith("cold, held as the batch cost chose; hold: ")
+        assert admit.reason == ("cold, its hold ended with 1 generating; no piece size catches up "
+                                "within 1.5× the rest's time whole: forwarded whole")
 
     def test_piece_end_arithmetic(self) -> None:
         assert pause_s(0.4, 0.5) == pytest.approx(0.4)

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel
 from proxy.prefill.outlook import (
+    CATCH_UP,
     HOLD_COLD_FACTOR,
     ChunkKnobs,
     Situation,
@@ -20,7 +21,14 @@ from proxy.prefill.outlook import (
     piece_sizes,
     pieces_outlook,
 )
-from proxy.prefill.strategy import STRETCH, TARGET_TRADE, TRADE_SLACK, Strategy, choose_piece
+from proxy.prefill.strategy import (
+    STRETCH,
+    TARGET_TRADE,
+    TRADE_SLACK,
+    Strategy,
+    catch_up_piece,
+    choose_piece,
+)
 from tests.test_batch_cost import BUSY, CPU, GPU, fitted
 
 KNOBS = ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.55, max_hold_ms=30_000.0)
@@ -203,10 +211,11 @@ class TestRule6Hold:
         choice = choose_piece(BUSY, at(0, 1500), KNOBS)
         alone = BUSY.prompt_ms(1500, 0, 2048, 3)
         assert (choice.strategy, choice.piece_tokens) == (Strategy.HOLD, 0)
-        assert choice.hold_ms == pytest.approx((HOLD_COLD_FACTOR - 1) * alone)
+        # the catch-up after the hold (up to CATCH_UP × its time) is inside HOLD_COLD_FACTOR.
+        assert choice.hold_ms == pytest.approx((HOLD_COLD_FACTOR - CATCH_UP) * alone)
         assert choice.predicted_cold_factor == pytest.approx(HOLD_COLD_FACTOR)
         assert choice.predicted_trade == pytest.approx(choice.off_trade)
-        assert choice.reason.endswith("held up to 7.7 s like defer")
+        assert choice.reason.endswith("held up to 5.7 s like defer")
 
     def test_bounded_by_max_hold(self) -> None:
         choice = choose_piece(BUSY, at(0, 1500), dataclasses.replace(KNOBS, max_hold_ms=2000.0))
@@ -218,6 +227,46 @@ class TestRule7Whole:
         choice = choose_piece(BUSY, at(0, 1500), dataclasses.replace(KNOBS, max_hold_ms=0.0))
         assert (choice.strategy, choice.piece_tokens, choice.hold_ms) == (Strategy.WHOLE, 0, 0.0)
         assert choice.reason.endswith("holding is off: forwarded whole")
+
+
+class TestRule8CatchUp:
+    """After a hold, or for a rest under `cold_tokens`, with the streams still generating."""
+
+    BEHIND = dataclasses.replace(KNOBS, prefill_share=0.8)
+
+    def test_the_smallest_pieces_within_catch_up_of_the_rest_whole(self) -> None:
+        sit = at(2048, 2000, decoders=4)
+        choice = catch_up_piece(CPU, sit, self.BEHIND, "its hold ended with 4 generating")
+        off = off_outlook(CPU, sit, self.BEHIND)
+
+        def took(n: int) -> float:
+            o = pieces_outlook(CPU, n, sit, self.BEHIND)
+            return o.compute_ms + o.wait_ms
+
+        n = choice.piece_tokens
+        assert choice.strategy is Strategy.CATCH_UP and 64 <= n < 2000
+        assert took(n) <= CATCH_UP * off.compute_ms < took(n - 64)
+        assert choice.predicted_piece_ms < off.longest_batch_ms / 2  # the streams wait a piece
+        assert choice.reason.startswith("its hold ended with 4 generating; caught up in "
+                                        f"{n}-token pieces")
+
+    def test_within_the_ramp(self) -> None:
+        sit = dataclasses.replace(at(2048, 2000, decoders=4), largest_piece=64)
+        choice = catch_up_piece(CPU, sit, self.BEHIND, "why")
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.CATCH_UP, 128)
+
+    def test_whole_when_no_piece_stalls_the_streams_less(self) -> None:
+        # every batch starts with 1.5 s: two pieces of a 1,184-token rest cost 3 s against 1.9 s.
+        slow = BatchCost(fixed_ms=1500.0, per_token_ms=0.3, per_token_per_kctx_ms=0.0,
+                         per_decoder_ms=0.0)
+        choice = catch_up_piece(slow, at(1216, 1184), self.BEHIND, "why")
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
+        assert choice.reason == ("why; no piece size catches up within 1.5× the rest's time "
+                                 "whole: forwarded whole")
+
+    def test_whole_when_the_rest_fits_one_piece(self) -> None:
+        choice = catch_up_piece(CPU, at(2048, 40), self.BEHIND, "why")
+        assert (choice.strategy, choice.reason) == (Strategy.WHOLE, "why; the rest fits one piece")
 
 
 class TestOutlook:
@@ -243,7 +292,9 @@ class TestOutlook:
         off = off_outlook(self.COST, self.SIT, self.KNOBS)
         assert (off.compute_ms, off.wait_ms, off.streams_share, off.cold_factor) == (1100, 0, 0, 1)
         hold = hold_outlook(self.COST, self.SIT, self.KNOBS)
-        assert hold.streams_share == pytest.approx(500 / 1600)
+        # held 500 ms, then catch-up pieces taking up to 1.5 × 1,100 ms: the extra 550 ms is theirs.
+        assert hold.streams_share == pytest.approx((500 + 550) / (1050 + 1100))
+        assert hold.cold_factor == pytest.approx((1050 + 1100) / 1100)
         assert hold.trade == pytest.approx(1.0)
 
     @pytest.mark.parametrize("n", [64, 256, 1024])

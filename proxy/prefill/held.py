@@ -30,6 +30,13 @@ class HeldRequest:
     prompts (rules 6 and 8)."""
     hold_until: float | None = None
     """`chunk`: held until then because no piece size helped (the strategy's HOLD)."""
+    caught_up: str | None = None
+    """`chunk`: why it is no longer held (its hold ended, or its rest is a short turn's work): it
+    goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
+
+    def catch_up(self, why: str) -> None:
+        """Held no longer: catch-up pieces from now on, pauses as short as BEHIND_SHARE allows."""
+        self.caught_up, self.behind = why, True
 
     @property
     def rest(self) -> int:
@@ -53,7 +60,8 @@ class HeldRequest:
         else:
             text = f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)"
         choice = self.choice
-        if choice is not None and choice.strategy in (Strategy.LARGER_PIECES, Strategy.HOLD):
+        if choice is not None and choice.strategy in (Strategy.LARGER_PIECES, Strategy.HOLD,
+                                                      Strategy.CATCH_UP):
             text += f"; {choice.strategy.value}: {choice.reason}"
         return Admit(self.req.req_id, text) if self.pieces_done == 0 else Forward(self.req.req_id,
                                                                                    text)

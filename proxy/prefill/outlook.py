@@ -14,9 +14,10 @@ inside a batch, one token per batch, is not counted).
     cold     F(n) = (C(n) + P(n)) / C_off                            C_off = the rest in n_batch batches
     trade    Q(n) = S(n) + 1/F(n)                                    what both keep (the issue's measure)
   Off (the whole rest now): S = k_off·δ/C_off, F = 1, so Q_off = 1 + S ≈ 1.
-  Hold for H ≤ (HOLD_COLD_FACTOR - 1)·C_off: S = (H + k_off·δ)/(H + C_off), F = (H + C_off)/C_off,
-    Q = 1 + k_off·δ/(H + C_off): the worst case (the streams generate throughout); if they finish
-    sooner, the cold request goes at once and everyone gains.
+  Hold for H ≤ (HOLD_COLD_FACTOR - CATCH_UP)·C_off, then catch-up pieces taking up to CATCH_UP·C_off
+    (their extra counted as the streams' time): W = H + (CATCH_UP - 1)·C_off, S = (W + k_off·δ)/(W + C_off),
+    F = (W + C_off)/C_off, Q = 1 + k_off·δ/(W + C_off): the worst case (the streams generate
+    throughout); if they finish sooner, the cold request goes at once and everyone gains.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ RAMP = 2
 """Rule 1: a piece is at most this × the largest piece already measured for the request, so a model
 fitted on small pieces at a short prefix errs by at most one moderately longer batch."""
 HOLD_COLD_FACTOR = 3.0
-"""Rule 6: a hold ends by the time the cold request would have taken this × its time alone (the issue's
-aim for the cold request on a busy machine)."""
+"""Rule 6: a hold ends early enough for the cold request to take at most this × its time alone,
+catch-up pieces after it included (the issue's aim for the cold request on a busy machine)."""
+CATCH_UP = 1.5
+"""Rule 8: catch-up pieces, their pauses included, take at most this × the rest sent whole. Sent
+whole, a rest of 1,000-2,000 tokens beside four streams on one shared KV took 4-8 s on this CPU,
+every stream frozen for all of it (`bench day`, 41edf33: the day's longest gaps); in 512-token pieces
+a stream waits one piece (~1.5-2 s) at a time."""
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,18 @@ def off_outlook(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> Outlook:
 
 def hold_outlook(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> Outlook:
     """Held (at most `max_hold_ms`, and at most HOLD_COLD_FACTOR × its time alone in all), the streams
-    generating throughout, then the whole rest."""
+    generating throughout, then the rest in catch-up pieces (at most CATCH_UP × its time whole)."""
     off = off_outlook(cost, sit, knobs)
     k_off = max(1, math.ceil(sit.remaining_tokens / max(1, knobs.n_batch)))
-    hold = min(knobs.max_hold_ms, (HOLD_COLD_FACTOR - 1.0) * off.compute_ms)
-    return _outlook(cost, off.compute_ms, hold, off.longest_batch_ms, k_off, sit, knobs)
+    hold = longest_hold_ms(off, knobs)
+    return _outlook(cost, off.compute_ms, hold + (CATCH_UP - 1.0) * off.compute_ms,
+                    off.longest_batch_ms, k_off, sit, knobs)
+
+
+def longest_hold_ms(off: Outlook, knobs: ChunkKnobs) -> float:
+    """How long a hold may last: `max_hold_ms`, and HOLD_COLD_FACTOR × the time alone with the
+    catch-up after it."""
+    return min(knobs.max_hold_ms, (HOLD_COLD_FACTOR - CATCH_UP) * off.compute_ms)
 
 
 def _outlook(cost: BatchCost, compute: float, wait: float, longest: float, batches: int,

@@ -5,6 +5,7 @@ is released. Pure; the policy owns it and says what the server is doing (`Server
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from proxy.prefill.outlook import ChunkKnobs, Situation
 from proxy.prefill.pacing import BEHIND_SHARE, idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import next_upto, pause_s
-from proxy.prefill.strategy import PieceChoice, Strategy, choose_piece
+from proxy.prefill.strategy import PieceChoice, Strategy, catch_up_piece, choose_piece
 
 Release = tuple[HeldRequest, Admit | Forward]
 """A plan that ends: its request goes upstream with this decision (the policy sends it)."""
@@ -65,9 +66,9 @@ class ColdPlans:
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
-                             server.use.decoders(), now)
-        held.behind = share >= 1.0
+        share = BEHIND_SHARE if held.caught_up is not None else pieces_share(
+            server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now)
+        held.behind = held.caught_up is not None or share >= 1.0
         self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return True
 
@@ -87,16 +88,17 @@ class ColdPlans:
             if held.hold_until is not None:
                 if now < held.hold_until:
                     continue
-                return held, held.release("held as the batch cost chose")
+                held.hold_until = None
+                held.catch_up(f"its hold ended with {server.use.decoders()} generating")
             choice = held.choice = self.choice(server, held)
+            if choice.strategy is Strategy.HOLD:
+                if held.rest >= server.cfg.cold_tokens:
+                    held.hold_until = now + choice.hold_ms / 1000.0
+                    continue
+                held.catch_up(f"its rest ({held.rest} tokens) is under cold_tokens: not held")
+                choice = held.choice = self.choice(server, held)
             if choice.strategy is Strategy.WHOLE:
                 return held, held.release(choice.reason)
-            if choice.strategy is Strategy.HOLD:
-                if held.rest < server.cfg.cold_tokens:  # a short turn's work: never held
-                    return held, held.release(f"its rest ({held.rest} tokens) is under "
-                                              "cold_tokens: sent, not held")
-                held.hold_until = now + choice.hold_ms / 1000.0
-                continue
             if self._piece_waits(server, held, now):
                 return None
             held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
@@ -111,6 +113,10 @@ class ColdPlans:
         situation = Situation(done_tokens=held.done_upto, remaining_tokens=held.rest,
                               decoders=server.use.decoders(), largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
+        if held.caught_up is not None:
+            return catch_up_piece(server.cost.cost, situation,
+                                  dataclasses.replace(knobs, prefill_share=BEHIND_SHARE),
+                                  held.caught_up)
         return choose_piece(server.cost.cost, situation, knobs)
 
     def _defer_step(self, server: Server, now: float) -> Release | None:

@@ -65,12 +65,14 @@ class PrefillPolicy:
         alone, but never above BEHIND_SHARE: a request behind its bound shortens the streams'
         pauses, never removes them, so their longest gap stays about one piece. WHOLE (the rest
         fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
-        plan is held like `defer` until the hold the strategy chose ends (then forwarded whole),
-        or nobody generates (rule 7); the other plans go on meanwhile; but a rest under
-        `cold_tokens` is never held (a short turn's work, which rule 1 sends at once: holding it
-        keeps its user waiting for nobody's gain) and is forwarded instead. Pieces go on under
-        `cold_tokens` as above: sending such a rest whole stalls the streams for all of it
-        (1,000-1,500 tokens: 2.6 s in `bench contention`, 7 s in `bench day` on this CPU).
+        plan is held like `defer` until the hold the strategy chose ends or nobody generates
+        (rule 7); the other plans go on meanwhile; but a rest under `cold_tokens` is never held
+        (a short turn's work, which rule 1 sends at once: holding it keeps its user waiting for
+        nobody's gain). A plan whose hold ended with others still generating, or whose rest under
+        `cold_tokens` would be held, goes on behind its bound in the strategy's catch-up pieces
+        (its rule 8), not whole: sent whole, such a rest stalls every stream for all of it
+        (1,000-1,500 tokens: 2.6 s in `bench contention`, a 2,000-token rest after a hold 8 s in
+        `bench day`, on this CPU), in pieces they wait one piece at a time.
      7. `chunk`: as soon as nobody is generating, the chosen plan's rest goes at full speed:
         forwarded at once if its predicted time is under IDLE_WHOLE × `max_stall_ms`, else fed in
         pieces of up to IDLE_STALL × `max_stall_ms` back to back (in a chat, users pause between

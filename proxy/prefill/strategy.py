@@ -1,7 +1,7 @@
 """How a cold prompt goes on from here: pieces that fit `max_stall_ms`, larger pieces, a bounded hold,
-or the whole rest at once. Chosen by what the streams and the cold request each keep, from the
-outlooks `outlook.py` predicts with the batch-cost model. Pure: numbers in, a `PieceChoice` out; the
-policy applies it.
+catch-up pieces after it, or the whole rest at once. Chosen by what the streams and the cold request
+each keep, from the outlooks `outlook.py` predicts with the batch-cost model. Pure: numbers in, a
+`PieceChoice` out; the policy applies it.
 
 With δ = 0: Q(n) = 1 - (C(n) - C_off)/(C(n) + P(n)). Chunking loses exactly the extra compute of its
 smaller batches, (k - k_off) fixed parts: tiny pieces on a machine whose fixed part is 1.5 s lose
@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.outlook import (
+    CATCH_UP,
     ChunkKnobs,
     Outlook,
     Situation,
     fitting_piece,
     hold_outlook,
+    longest_hold_ms,
     off_outlook,
     piece_sizes,
     pieces_outlook,
@@ -60,6 +62,7 @@ class Strategy(enum.Enum):
     LARGER_PIECES = "larger_pieces"
     HOLD = "hold"
     WHOLE = "whole"
+    CATCH_UP = "catch_up"
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,14 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         batch is no longer than off's (a piece that stalls the streams longer than off would is no
         help to them): LARGER_PIECES, or PIECES if it is the fitting piece itself.
      6. HOLD when no size qualifies, like `defer`: for at most `max_hold_ms`, and at most until the
-        cold request has waited HOLD_COLD_FACTOR × its time alone. Its worst case (the streams
-        generate throughout) is off's trade, and they keep their full speed while it lasts.
+        cold request, with rule 8's catch-up after the hold, would take HOLD_COLD_FACTOR × its time
+        alone. Its worst case (the streams generate throughout) is off's trade, and they keep
+        their full speed while it lasts.
      7. WHOLE otherwise (`max_hold_ms` = 0).
+     8. (`catch_up_piece`, which the policy asks instead once a plan is not to be held: its hold
+        ended with others still generating, or its rest is under `cold_tokens`.) CATCH_UP pieces:
+        the smallest size whose pieces with the pauses take at most CATCH_UP × the rest whole, so
+        the streams wait one piece at a time rather than the whole rest; WHOLE if it fits one.
     """
     _check(sit, knobs)
     fit = fitting_piece(cost, sit, knobs)
@@ -139,13 +147,41 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         what = "larger pieces gain little" if n == fit else f"{n}-token pieces amortise the fixed part"
         return _choice(Strategy.PIECES if n == fit else Strategy.LARGER_PIECES, n, n_ms, outlook, off,
                        f"{why}; {what} (~{_dur(n_ms)} each){_keeps(outlook)}")
-    hold = hold_outlook(cost, sit, knobs)
-    if hold.wait_ms > 0:
-        return _choice(Strategy.HOLD, 0, off.longest_batch_ms, hold, off,
+    hold_ms = longest_hold_ms(off, knobs)
+    if hold_ms > 0:
+        return _choice(Strategy.HOLD, 0, off.longest_batch_ms, hold_outlook(cost, sit, knobs), off,
                        f"{why}; no piece size helps the streams at a fair cost: "
-                       f"held up to {_dur(hold.wait_ms)} like defer")
+                       f"held up to {_dur(hold_ms)} like defer", hold_ms=hold_ms)
     return _whole(off, f"{why}; no piece size helps the streams at a fair cost and holding is off: "
                        f"forwarded whole")
+
+
+def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) -> PieceChoice:
+    """Rule 8: a cold request that is not to be held any longer (its hold ended with others still
+    generating, or its rest is a short turn's work) while the streams' promise cannot be kept.
+    Sent whole, its rest would freeze every stream for all of it; instead CATCH_UP pieces: the
+    smallest size whose pieces, with the pauses of `knobs.prefill_share` (the policy gives
+    BEHIND_SHARE), take at most CATCH_UP × the rest sent whole, within rule 1's ramp. WHOLE when
+    the rest fits that piece, or when no size catches up so (a fixed part so large that pieces
+    would stall the streams about as long as the whole rest). `why` starts the reason."""
+    _check(sit, knobs)
+    off = off_outlook(cost, sit, knobs)
+    for n in piece_sizes(knobs.n_batch):
+        if n >= sit.remaining_tokens:
+            break
+        outlook = pieces_outlook(cost, n, sit, knobs)
+        if outlook.compute_ms + outlook.wait_ms <= CATCH_UP * off.compute_ms:
+            n = min(n, sit.piece_cap(knobs.n_batch))
+            outlook = pieces_outlook(cost, n, sit, knobs)
+            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+            slower = (outlook.compute_ms + outlook.wait_ms) / max(off.compute_ms, 1e-9)
+            return _choice(Strategy.CATCH_UP, n, n_ms, outlook, off,
+                           f"{why}; caught up in {n}-token pieces (~{_dur(n_ms)} each) with the "
+                           f"streams' pauses between, not whole (~{_dur(off.longest_batch_ms)}): "
+                           f"~{slower:.1f}× the rest's time whole")
+    return _whole(off, f"{why}; the rest fits one piece" if sit.remaining_tokens <= PIECE_ALIGN
+                  else f"{why}; no piece size catches up within {CATCH_UP:g}× the rest's time "
+                       "whole: forwarded whole")
 
 
 def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
@@ -201,12 +237,11 @@ def _whole(off: Outlook, reason: str) -> PieceChoice:
 
 
 def _choice(strategy: Strategy, piece: int, piece_ms: float, outlook: Outlook, off: Outlook,
-            reason: str) -> PieceChoice:
+            reason: str, hold_ms: float = 0.0) -> PieceChoice:
     return PieceChoice(
         strategy=strategy, piece_tokens=piece, predicted_piece_ms=piece_ms,
         predicted_streams_share=outlook.streams_share, predicted_cold_factor=outlook.cold_factor,
-        predicted_trade=outlook.trade, off_trade=off.trade,
-        hold_ms=outlook.wait_ms if strategy is Strategy.HOLD else 0.0, reason=reason)
+        predicted_trade=outlook.trade, off_trade=off.trade, hold_ms=hold_ms, reason=reason)
 
 
 def _keeps(o: Outlook) -> str:
