@@ -129,6 +129,18 @@ class TestCalibration:
         assert costs.step_ms == pytest.approx(TRUTH.step_ms, rel=0.1)
         assert costs.origin("per_token_ms") == "log"
 
+    def test_decode_steps_are_found_on_a_day_never_free_of_prompts(self) -> None:
+        """Every reply has another client's prompt computed beside it for part of its time (as
+        on `bench day`): their time and batches are taken out, and the step is found anyway."""
+        calls = [record("stream", 0.0, "a", 300, 0, 2000)]
+        calls += [record(f"p{i}", 3.0 + 4.0 * i, f"u{i % 3}", 900, 0, 60) for i in range(12)]
+        log = as_log(played(loaded(calls)))
+        prediction = played(log, costs=None)
+        assert prediction.calibration.decodes >= 1
+        assert prediction.costs.origin("step_ms") == "log"
+        assert prediction.costs.step_ms == pytest.approx(TRUTH.step_ms, rel=0.15)
+        assert prediction.costs.per_slot_ms == pytest.approx(TRUTH.per_slot_ms, rel=0.25)
+
     def test_a_lora_switch_is_found_in_prompts_that_follow_other_settings(self) -> None:
         loras = ([{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}])
         calls = [record(str(i), 100.0 * i, "a", 600, 0, 20, lora=loras[i // 2 % 2])

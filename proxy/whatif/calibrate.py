@@ -5,8 +5,9 @@ time, its cached prefix, the decoding slots beside it on average), and every ste
 prompt-progress lines (the field report's batch-size table), each one observation of the five
 coefficients; fitted by non-negative least squares on the time (so a day's long prefills weigh
 most), the prior's shapes at 3 % keeping what the day cannot tell apart at the prior's proportions.
-Decode: every reply of at least MIN_STEPS tokens generated while no other prompt was computed,
-its mean step against the slots generating beside it and the context they attend to. A LoRA
+Decode: every reply of at least MIN_STEPS tokens, its mean step with the other prompts computed in
+its window taken out (their time and one step per batch of theirs), against the slots generating
+beside it and the context they attend to. A LoRA
 switch: what prompts computed alone after other LoRA settings take over the prediction.
 A coefficient the observations cannot tell (no decoding slot beside a prefill, one context size)
 keeps its default and is reported as assumed. Pure.
@@ -34,6 +35,8 @@ MIN_PROMPT = 256
 """Shorter prompts are mostly per-request work (the prefill policy learns from none either)."""
 MIN_STEPS = 16
 MIN_SWITCHES = 3
+MIN_CLEAN_SHARE = 0.5
+"""A reply's decode time must be at least this much free of other prompts to be a decode observation."""
 PRIOR_SHARE = 0.03
 MIN_CTX_SPREAD = 2000
 """Contexts must differ by this many tokens before the fit may put a price on context."""
@@ -101,12 +104,49 @@ def observations(spans: Sequence[Span], server: ServerSettings
             prefills.append(prompt_obs(computed, span.cache_n or 0, prompt_ms,
                                        _decoding(index, span, p0, p1), server))
         steps = (span.predicted_n or 0) - 1
-        if steps >= MIN_STEPS and span.predicted_ms and not _prefill_beside(index, span, p1, end):
-            beside = _decoding(index, span, p1, end)
-            ctx = (span.cache_n or 0) + (computed or 0) + steps / 2
-            decodes.append(DecodeObs(steps, span.predicted_ms / steps, 1.0 + beside,
-                                     ctx * (1.0 + beside) / 1000.0))
+        if steps >= MIN_STEPS and span.predicted_ms:
+            clean = _decode_apart(index, span, p1, end, steps, span.predicted_ms, server)
+            if clean is not None:
+                beside = _decoding(index, span, p1, end)
+                ctx = (span.cache_n or 0) + (computed or 0) + steps / 2
+                decodes.append(DecodeObs(clean[0], clean[1], 1.0 + beside,
+                                         ctx * (1.0 + beside) / 1000.0))
     return prefills, decodes
+
+
+def _decode_apart(index: SpanIndex, span: Span, t0: float, t1: float, steps: int,
+                  decode_ms: float, server: ServerSettings) -> tuple[int, float] | None:
+    """A reply's decode steps and mean step time with the other prompts' prefills taken out: the
+    time those prefills ran inside its window (their union) and one step per batch of theirs
+    (its token rode in each). None when too little of the window, or too few steps, is left: a busy
+    day has few replies no prompt ran beside, but most run beside a prompt only part of the time."""
+    if t1 <= t0:
+        return None
+    spans: list[tuple[float, float]] = []
+    batches = 0
+    for other in index.active(t0, t1, span.key):
+        s, e = other.prefill_start, other.first_token
+        if s is None or e is None or e <= t0 or s >= t1 or e <= s:
+            continue
+        a, b = max(s, t0), min(e, t1)
+        spans.append((a, b))
+        share = (other.prompt_n or 0) * (b - a) / (e - s)
+        batches += max(1, math.ceil(share / max(1, server.n_batch)))
+    blocked = _union_s(spans)
+    left_ms = decode_ms - blocked * 1000.0
+    left_steps = steps - batches
+    if left_steps < MIN_STEPS or left_ms < MIN_CLEAN_SHARE * decode_ms:
+        return None
+    return left_steps, left_ms / left_steps
+
+
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
@@ -158,7 +198,7 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
     if decodes:
         cal.costs = _fit_decode(cal, decodes)
     else:
-        cal.notes.append("decode: no reply of 16+ tokens generated without a prompt beside it: "
+        cal.notes.append("decode: no reply of 16+ tokens generated mostly without a prompt beside it: "
                          "its costs are assumed")
     if not any(o.decoders > 0 for o in prefills):
         cal.costs = cal.costs.with_values({"per_decoder_ms": cal.costs.per_slot_ms}, "assumed")
@@ -191,18 +231,27 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
 
 
 def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs]) -> Costs:
-    rows = np.array([(1.0, max(0.0, o.slots - 1.0), o.kctx) for o in obs], dtype=np.float64)
-    y = np.array([o.step_ms for o in obs], dtype=np.float64)
+    """The step, and the price of each other slot and of context where the observations vary in
+    them enough to tell; a term they cannot tell keeps its value and is taken out of the times
+    first (else the step's constant would be split with it at random)."""
+    base = cal.costs
+    slots = max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5
+    kctx = max(o.kctx for o in obs) - min(o.kctx for o in obs) >= MIN_CTX_SPREAD / 1000.0
+    rows = np.array([(1.0, *((max(0.0, o.slots - 1.0),) if slots else ()),
+                      *((o.kctx,) if kctx else ())) for o in obs], dtype=np.float64)
+    y = np.array([o.step_ms - (0.0 if slots else base.per_slot_ms * max(0.0, o.slots - 1.0))
+                  - (0.0 if kctx else base.decode_per_kctx_ms * o.kctx) for o in obs],
+                 dtype=np.float64)
     w = np.sqrt(np.array([o.steps for o in obs], dtype=np.float64))
-    step, per_slot, per_kctx = (float(v) for v in nonnegative_lstsq(rows * w[:, None], y * w))
-    found = {"step_ms": step}
-    if max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5:
-        found["per_slot_ms"] = per_slot
+    values = iter(float(v) for v in nonnegative_lstsq(rows * w[:, None], y * w))
+    found = {"step_ms": next(values)}
+    if slots:
+        found["per_slot_ms"] = next(values)
     else:
         cal.notes.append("decode: never more than one slot generating at a time: per_slot_ms "
                          "assumed")
-    if max(o.kctx for o in obs) - min(o.kctx for o in obs) >= MIN_CTX_SPREAD / 1000.0:
-        found["decode_per_kctx_ms"] = per_kctx
+    if kctx:
+        found["decode_per_kctx_ms"] = next(values)
     cal.steps = sum(o.steps for o in obs)
     return cal.costs.with_values(found, "log")
 
