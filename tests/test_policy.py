@@ -23,7 +23,8 @@ from proxy.prefill import (
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
 from proxy.prefill.events import Load, Restorable, Restore, Save
-from proxy.prefill.pacing import BEHIND_SHARE, IDLE_STALL, WarmSizer
+from proxy.prefill.outlook import BEHIND_SHARE
+from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.prefill.sizing import next_upto, pause_s
@@ -283,28 +284,28 @@ class TestRule6Chunk:
             choice = p.snapshot().choice
             assert choice is not None and choice.strategy is Strategy.HOLD
 
-    def test_a_hold_that_ends_with_streams_goes_on_in_catch_up_pieces(self) -> None:
-        """The streams kept generating through the hold: the rest goes in pieces that take at most
-        1.5x its time whole, with pauses a quarter of a piece, so a stream waits one piece (~1.95 s
-        here), not the whole rest (~3.05 s) (bench day: a 2,031-token rest sent whole after its
-        hold froze four streams for 8 s)."""
+    def test_when_no_piece_keeps_the_promise_it_catches_up_rather_than_holds(self) -> None:
+        """No piece fits 2x max_stall_ms and larger ones trade too little, but 768-token pieces
+        take no more than 1.5x the rest whole: they go at once, so a stream waits one piece
+        (~1.95 s), never the whole (~3.05 s), and the cold request is not held on a bet that the
+        streams end soon (bench day: a 1,638-token first
+        turn held 25 s had its first token after 46 s)."""
         heavy = BatchCostModel(BatchCost(fixed_ms=800.0, per_token_ms=1.5,
                                          per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
         p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=1000, max_stall_ms=160.0,
                                         max_hold_s=30.0), cost=heavy)
         busy(p)
-        assert p.on_arrival("c", 1500, 1500, 0.0) == [Hold("c", "others generating")]
-        until = p.next_wakeup()
-        assert until is not None and until == pytest.approx(4.575, abs=0.01)
-        assert p.on_tick(until) == [FeedPiece("c", 768)]
+        assert p.on_arrival("c", 1500, 1500, 0.0) == [Hold("c", "others generating"),
+                                                       FeedPiece("c", 768)]
         choice = p.snapshot().choice
         assert choice is not None and choice.strategy is Strategy.CATCH_UP
-        assert choice.reason.startswith("its hold ended with 1 generating; caught up in 768-token")
-        # 732 tokens left: two more pieces would stall the streams about as long as the rest.
-        [sent] = p.on_piece_done("c", 768, 1952.0, until + 1.952)
+        assert choice.reason.startswith("64-token pieces would take ~896 ms (max_stall_ms 160)")
+        assert "caught up in 768-token pieces (~2.0 s each)" in choice.reason
+        # 732 left: two more pieces would stall the streams about as long as the rest itself.
+        [sent] = p.on_piece_done("c", 768, 1952.0, 1.952)
         assert isinstance(sent, Forward) and sent.reason.startswith(
-            "its hold ended with 1 generating; no piece size catches up within 1.5× the rest's "
-            "time whole: forwarded whole after 1 pieces (768 tokens fed)")
+            "its rest (732 tokens) is under cold_tokens: not held; no piece size catches up "
+            "within 1.5× the rest's time whole: forwarded whole after 1 pieces")
 
     def test_pieces_follow_a_changed_rate(self) -> None:
         p = policy(tps=1000.0)
@@ -560,15 +561,32 @@ class TestRule12EverySlotUserCounts:
         p.on_arrival("c", 5000, 5000, 0.0)  # a piece in flight
         [_, restore] = p.on_arrival("r", 6000, 6000, 0.1, KEPT)
         assert restore == Restore("r")  # the third slot
-        [hold] = p.on_arrival("x", 100, 100, 0.2)  # no slot free: x waits behind the restore
-        assert hold == Hold("x", "waiting behind a restore into the next free slot")
+        [hold] = p.on_arrival("x", 100, 100, 0.2)  # x waits for the restore
+        assert hold == Hold("x", "waiting for a restore to end")
+        # it found no idle slot: x goes into the third one, then none is free for y.
+        assert p.on_restore_failed("r", "no idle slot", 0.3, no_slot=True) == [
+            Admit("x", "not cold")]
+        [hold] = p.on_arrival("y", 100, 100, 0.4)  # y waits behind the restore
+        assert hold == Hold("y", "waiting behind a restore into the next free slot")
 
-    def test_unknown_slots_never_hold_anyone(self) -> None:
+    def test_unknown_slots_hold_nobody_behind_a_waiting_restore(self) -> None:
         p = policy()
         for i in range(8):
             busy(p, f"s{i}")
         assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT)) == ["Hold", "Restore"]
-        assert p.on_arrival("x", 100, 100, 0.1) == [Admit("x", "not cold")]
+        assert p.on_restore_failed("r", "no idle slot", 0.1, no_slot=True) == []
+        assert p.on_arrival("x", 100, 100, 0.2) == [Admit("x", "not cold")]
+
+    def test_nobody_is_sent_while_a_restore_runs(self) -> None:
+        """llama-server could give a request sent now the very slot being restored, and would run
+        the restore only after that request's whole reply (bench day: 17.8 s behind a
+        translation). The restore takes ~0.1 s: the request waits for it."""
+        for slots in (None, 4):
+            p = policy(slots=slots)
+            busy(p)
+            assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT)) == ["Hold", "Restore"]
+            assert p.on_arrival("x", 100, 100, 0.05) == [Hold("x", "waiting for a restore to end")]
+            assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold"), Admit("x", "not cold")]
 
 
 class TestRule14Restores:

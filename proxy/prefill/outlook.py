@@ -34,6 +34,10 @@ fitted on small pieces at a short prefix errs by at most one moderately longer b
 HOLD_COLD_FACTOR = 3.0
 """Rule 6: a hold ends early enough for the cold request to take at most this × its time alone,
 catch-up pieces after it included (the issue's aim for the cold request on a busy machine)."""
+BEHIND_SHARE = 0.8
+"""Rule 6: the most of the time pieces take while others generate, also for a cold request behind
+`max_cold_factor` or catching up: after a piece the streams get at least a quarter of its time, so
+their longest gap stays about one piece (with no pause at all it became several pieces long)."""
 CATCH_UP = 1.5
 """Rule 8: catch-up pieces, their pauses included, take at most this × the rest sent whole. Sent
 whole, a rest of 1,000-2,000 tokens beside four streams on one shared KV took 4-8 s on this CPU,

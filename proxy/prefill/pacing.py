@@ -20,10 +20,6 @@ IDLE_WHOLE = 4.0
 """Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
 IDLE_STALL = 4.0
 """Rule 7: otherwise its pieces fill up to this × `max_stall_ms`, back to back."""
-BEHIND_SHARE = 0.8
-"""Rule 6: the most of the time pieces take while others generate, also for a cold request behind
-`max_cold_factor`: after a piece the streams get at least a quarter of its time, so their longest
-gap stays about one piece (with no pause at all it became several pieces long)."""
 
 
 def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,

@@ -13,8 +13,8 @@ from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCostModel
 from proxy.prefill.events import Admit, FeedPiece, Forward
 from proxy.prefill.held import HeldRequest, shortest_rest
-from proxy.prefill.outlook import ChunkKnobs, Situation
-from proxy.prefill.pacing import BEHIND_SHARE, idle_piece, pieces_share
+from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
+from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import next_upto, pause_s
 from proxy.prefill.strategy import PieceChoice, Strategy, catch_up_piece, choose_piece
@@ -66,9 +66,10 @@ class ColdPlans:
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        share = BEHIND_SHARE if held.caught_up is not None else pieces_share(
+        catching_up = held.choice is not None and held.choice.strategy is Strategy.CATCH_UP
+        share = BEHIND_SHARE if catching_up else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now)
-        held.behind = held.caught_up is not None or share >= 1.0
+        held.behind = catching_up or share >= 1.0
         self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return True
 

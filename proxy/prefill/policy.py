@@ -58,11 +58,12 @@ class PrefillPolicy:
         admitted by `on_tick` once it has been held `max_hold_s` since its arrival.
      6. `chunk`: while others generate, the chosen plan goes on the way `choose_piece`
         (strategy.py, its own numbered rules) picks from the fitted batch cost at its prefix:
-        PIECES or LARGER_PIECES: fed as cumulative token-id prefixes, FeedPiece(upto), starting
-        after the tokens already cached; after each piece, whoever's it was, the next one waits a
-        pause of piece_time * (1 - share) / share (`on_tick` sends it), share = `prefill_share`,
-        or more when the fed request would otherwise take over `max_cold_factor` × its time
-        alone, but never above BEHIND_SHARE: a request behind its bound shortens the streams'
+        PIECES, LARGER_PIECES or CATCH_UP: fed as cumulative token-id prefixes, FeedPiece(upto),
+        starting after the tokens already cached; after each piece, whoever's it was, the next one
+        waits a pause of piece_time * (1 - share) / share (`on_tick` sends it), share =
+        `prefill_share`, or more when the fed request would otherwise take over
+        `max_cold_factor` × its time alone (BEHIND_SHARE after a CATCH_UP piece), but never above
+        BEHIND_SHARE: a request behind its bound shortens the streams'
         pauses, never removes them, so their longest gap stays about one piece. WHOLE (the rest
         fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
         plan is held like `defer` until the hold the strategy chose ends or nobody generates
@@ -98,9 +99,12 @@ class PrefillPolicy:
     14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
         it goes: Restore when a slot is free, else it waits for one, up to `max_wait_s`
         (`restores.wait_s`; not at all when computing would cost no more than restoring). The next
-        slot to come free is claimed for it: while a restore waits or runs and no slot is free,
-        other requests are held behind it (they would queue in the server anyway) until it is
-        sent. Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
+        slot to come free is claimed for it: while a restore waits and no slot is free, other
+        requests are held behind it (they would queue in the server anyway) until it is sent;
+        while a restore runs, all are: llama-server could give a request sent meanwhile the very
+        slot being restored, and then runs the restore only after that request's whole reply
+        (bench day: eve's restore, with a translation sent as it started, took 17.8 s).
+        Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
         restore left (a returning conversation is no longer cold). A restore that found no idle
         slot waits for the next request to finish; one that failed otherwise, or whose wait ran
         out, is decided as it came (computed), with the reason.
@@ -305,7 +309,8 @@ class PrefillPolicy:
         req_id = req.req_id
         if self._claimed():
             self._behind[req_id] = req
-            return [Hold(req_id, "waiting behind a restore into the next free slot")]
+            return [Hold(req_id, "waiting for a restore to end" if self._restores.running()
+                         else "waiting behind a restore into the next free slot")]
         if self._cfg.mode == "off":
             return self._admit(req_id, "prefill.mode off", now)
         if req.est_new_tokens < self._cfg.cold_tokens:
@@ -389,8 +394,8 @@ class PrefillPolicy:
     # ---- state -------------------------------------------------------------------------------
 
     def _claimed(self) -> bool:
-        """Rule 14: a restore waits or runs, and no slot is free besides."""
-        return bool(self._restores) and self._free_slots() <= 0
+        """Rule 14: a restore runs, or one waits and no slot is free besides."""
+        return self._restores.running() > 0 or (bool(self._restores) and self._free_slots() <= 0)
 
     def _free_slots(self) -> int:
         """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""

@@ -21,10 +21,11 @@ request pays; otherwise the hold does (rule 6).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.outlook import (
+    BEHIND_SHARE,
     CATCH_UP,
     ChunkKnobs,
     Outlook,
@@ -107,15 +108,19 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         (past it a bigger piece only lengthens the gaps), that rule 3 allows, and whose longest
         batch is no longer than off's (a piece that stalls the streams longer than off would is no
         help to them): LARGER_PIECES, or PIECES if it is the fitting piece itself.
-     6. HOLD when no size qualifies, like `defer`: for at most `max_hold_ms`, and at most until the
-        cold request, with rule 8's catch-up after the hold, would take HOLD_COLD_FACTOR × its time
-        alone. Its worst case (the streams generate throughout) is off's trade, and they keep
-        their full speed while it lasts.
+     6. When no size qualifies: rule 8's CATCH_UP pieces if a size catches up (a hold would bet on
+        the streams ending soon; in a chat they rarely do, and the cold request then lost the
+        hold and the slots others took meanwhile: bench day, a 1,638-token first turn held 25 s,
+        its first token after 46 s). Else HOLD, like `defer`: for at most `max_hold_ms`, and at
+        most until the cold request, with rule 8's catch-up after the hold, would take
+        HOLD_COLD_FACTOR × its time alone. Its worst case (the streams generate throughout) is
+        off's trade, and they keep their full speed while it lasts.
      7. WHOLE otherwise (`max_hold_ms` = 0).
-     8. (`catch_up_piece`, which the policy asks instead once a plan is not to be held: its hold
-        ended with others still generating, or its rest is under `cold_tokens`.) CATCH_UP pieces:
-        the smallest size whose pieces with the pauses take at most CATCH_UP × the rest whole, so
-        the streams wait one piece at a time rather than the whole rest; WHOLE if it fits one.
+     8. (`catch_up_piece`: rule 6 asks it, and the policy asks it alone once a plan is not to be
+        held: its hold ended with others still generating, or its rest is under `cold_tokens`.)
+        CATCH_UP pieces: the smallest size whose pieces with BEHIND_SHARE's pauses take at most
+        CATCH_UP × the rest whole, so the streams wait one piece at a time rather than the whole
+        rest; WHOLE if it fits one or no size does.
     """
     _check(sit, knobs)
     fit = fitting_piece(cost, sit, knobs)
@@ -147,6 +152,9 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         what = "larger pieces gain little" if n == fit else f"{n}-token pieces amortise the fixed part"
         return _choice(Strategy.PIECES if n == fit else Strategy.LARGER_PIECES, n, n_ms, outlook, off,
                        f"{why}; {what} (~{_dur(n_ms)} each){_keeps(outlook)}")
+    catch = catch_up_piece(cost, sit, replace(knobs, prefill_share=BEHIND_SHARE), why)
+    if catch.strategy is Strategy.CATCH_UP:
+        return catch
     hold_ms = longest_hold_ms(off, knobs)
     if hold_ms > 0:
         return _choice(Strategy.HOLD, 0, off.longest_batch_ms, hold_outlook(cost, sit, knobs), off,
