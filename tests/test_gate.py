@@ -405,6 +405,9 @@ async def test_a_returning_conversation_waits_for_the_next_slot_then_is_restored
     assert keeper.asked == ["r"] and not short.done()
     keeper.restored()
     await returning
+    await settle()
+    assert not short.done()  # not until r has its restored slot: x could take it first
+    rig.registry.move(r, Phase.PREFILLING, rig.clock.now)
     await short
     assert r.prefill.held_ms == 2000.0 and r.prefill.est_new_tokens == 100
     assert rig.feeder.pieces == []  # restored, not recomputed in pieces

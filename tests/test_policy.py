@@ -386,7 +386,13 @@ class TestRule6ColdBudget:
         p.on_arrival("y", 100, 100, 9.9)
         p.on_prefill_started("y", 9.9)  # another short prompt being computed, and a long hold-up:
         assert p.on_piece_done("c", 256, 256.0, 10.0) == []
-        assert p.on_tick(10.1) == [FeedPiece("c", 768)]  # behind: it goes after its short pause
+        # behind: it goes after its short pause, in catch-up pieces (the smallest whose rest
+        # takes at most 1.5x its time whole: 320 tokens, not 256), so its bound is met by larger
+        # pieces, not by removing the streams' pauses.
+        assert p.on_tick(10.1) == [FeedPiece("c", 576)]
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.CATCH_UP
+        assert choice.reason.startswith("behind max_cold_factor (2.5× its time alone); caught up")
 
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
@@ -586,7 +592,18 @@ class TestRule12EverySlotUserCounts:
             busy(p)
             assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT)) == ["Hold", "Restore"]
             assert p.on_arrival("x", 100, 100, 0.05) == [Hold("x", "waiting for a restore to end")]
-            assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold"), Admit("x", "not cold")]
+            assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
+            # and until r has its restored slot: sent beside it, x could take that slot first.
+            assert p.on_prefill_started("r", 0.15) == [Admit("x", "not cold")]
+
+    def test_a_restored_request_that_shows_no_prompt_frees_the_others_after_a_grace(self) -> None:
+        p = policy(slots=4)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, KEPT)
+        p.on_arrival("x", 100, 100, 0.05)
+        assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
+        assert p.next_wakeup() == pytest.approx(0.1 + SENT_GRACE_S)
+        assert p.on_tick(0.1 + SENT_GRACE_S) == [Admit("x", "not cold")]
 
 
 class TestRule14Restores:
@@ -604,7 +621,8 @@ class TestRule14Restores:
         assert kinds(p.on_arrival("r", 6000, 6100, 0.0, KEPT)) == ["Hold"]
         assert kinds(p.on_arrival("x", 100, 100, 0.5)) == ["Hold"]  # would queue in the server
         assert p.on_finished("s1", 1.0) == [Restore("r")]  # the freed slot is the restore's
-        assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold"), Admit("x", "not cold")]
+        assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold")]
+        assert p.on_first_token("r", 1.3) == [Admit("x", "not cold")]
 
     def test_it_waits_up_to_the_operators_bound_then_is_computed(self) -> None:
         """6,000 tokens at 1,000 tok/s: 6 s alone, but beside others far longer: the restore of

@@ -66,10 +66,11 @@ class ColdPlans:
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        catching_up = held.choice is not None and held.choice.strategy is Strategy.CATCH_UP
-        share = BEHIND_SHARE if catching_up else pieces_share(
-            server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now)
-        held.behind = catching_up or share >= 1.0
+        share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
+                             server.use.decoders(), now)
+        held.behind = share >= 1.0
+        if held.choice is not None and held.choice.strategy is Strategy.CATCH_UP:
+            share = BEHIND_SHARE
         self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return True
 
@@ -114,10 +115,11 @@ class ColdPlans:
         situation = Situation(done_tokens=held.done_upto, remaining_tokens=held.rest,
                               decoders=server.use.decoders(), largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
-        if held.caught_up is not None:
+        if held.caught_up is not None or held.behind:
+            why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "
+                                     "alone)")
             return catch_up_piece(server.cost.cost, situation,
-                                  dataclasses.replace(knobs, prefill_share=BEHIND_SHARE),
-                                  held.caught_up)
+                                  dataclasses.replace(knobs, prefill_share=BEHIND_SHARE), why)
         return choose_piece(server.cost.cost, situation, knobs)
 
     def _defer_step(self, server: Server, now: float) -> Release | None:

@@ -27,7 +27,7 @@ from proxy.prefill.held import HeldRequest
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import RestoreLine, wait_s
-from proxy.prefill.server_use import ServerUse
+from proxy.prefill.server_use import SENT_GRACE_S, ServerUse
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Phase
 
@@ -63,8 +63,9 @@ class PrefillPolicy:
         waits a pause of piece_time * (1 - share) / share (`on_tick` sends it), share =
         `prefill_share`, or more when the fed request would otherwise take over
         `max_cold_factor` × its time alone (BEHIND_SHARE after a CATCH_UP piece), but never above
-        BEHIND_SHARE: a request behind its bound shortens the streams'
-        pauses, never removes them, so their longest gap stays about one piece. WHOLE (the rest
+        BEHIND_SHARE: a request behind its bound shortens the streams' pauses, never removes
+        them, and goes on in the strategy's catch-up pieces (larger ones, its rule 8), so their
+        longest gap stays about one piece. WHOLE (the rest
         fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
         plan is held like `defer` until the hold the strategy chose ends or nobody generates
         (rule 7); the other plans go on meanwhile; but a rest under `cold_tokens` is never held
@@ -103,7 +104,10 @@ class PrefillPolicy:
         requests are held behind it (they would queue in the server anyway) until it is sent;
         while a restore runs, all are: llama-server could give a request sent meanwhile the very
         slot being restored, and then runs the restore only after that request's whole reply
-        (bench day: eve's restore, with a translation sent as it started, took 17.8 s).
+        (bench day: eve's restore, with a translation sent as it started, took 17.8 s); and
+        after it, until the restored request has started its prompt (at most SENT_GRACE_S):
+        sent at once beside it, another request could take the restored slot first (bench day:
+        a translation did, and eve waited 5.7 s more for another slot).
         Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
         restore left (a returning conversation is no longer cold). A restore that found no idle
         slot waits for the next request to finish; one that failed otherwise, or whose wait ran
@@ -134,6 +138,7 @@ class PrefillPolicy:
         self._plans = ColdPlans()  # rules 4-8 (plans.py)
         self._restores = RestoreLine()
         self._behind: dict[str, Arrived] = {}  # held while a slot is claimed for a restore
+        self._landing: dict[str, float] = {}  # restored requests sent, until their prompt starts
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._warm_pieces = 0
         self._saving: str | None = None
@@ -159,8 +164,10 @@ class PrefillPolicy:
         if waiting is None:
             return []
         req = waiting.req
-        return [*self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now),
-                              now), *self._advance(now)]
+        decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now), now)
+        if any(isinstance(d, Admit) and d.req_id == req_id for d in decided):
+            self._landing[req_id] = now + SENT_GRACE_S
+        return [*decided, *self._advance(now)]
 
     def on_restore_failed(self, req_id: str, reason: str, now: float, *,
                           no_slot: bool = False) -> list[Decision]:
@@ -181,17 +188,20 @@ class PrefillPolicy:
         self._slots = slots
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
-        return self._set_phase(req_id, Phase.PREFILLING)
+        self._set_phase(req_id, Phase.PREFILLING)
+        return self._advance(now) if self._landing.pop(req_id, None) is not None else []
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.DECODING)
-        return self._advance(now) if self._plans else []
+        landed = self._landing.pop(req_id, None) is not None
+        return self._advance(now) if self._plans or landed else []
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
             self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
                                        self._use.decoders(besides=req_id))
+        self._landing.pop(req_id, None)
         if not self._use.ended(req_id):
             return []
         self._restores.a_request_finished()
@@ -238,6 +248,7 @@ class PrefillPolicy:
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
         self._notes.pop(req_id, None)
+        self._landing.pop(req_id, None)
         held = self._plans.held.pop(req_id, None)
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
@@ -264,8 +275,9 @@ class PrefillPolicy:
 
     def next_wakeup(self) -> float | None:
         """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
-        times = [t for t in (self._restores.next_wakeup(), self._plans.next_wakeup(self._server()))
-                 if t is not None]
+        landing = min(self._landing.values(), default=None) if self._behind else None
+        times = [t for t in (self._restores.next_wakeup(), self._plans.next_wakeup(self._server()),
+                             landing) if t is not None]
         return min(times, default=None)
 
     def save_ok(self) -> bool:
@@ -307,10 +319,10 @@ class PrefillPolicy:
     def _arrive(self, req: Arrived, now: float) -> list[Decision]:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
-        if self._claimed():
+        if self._claimed(now):
             self._behind[req_id] = req
             return [Hold(req_id, "waiting for a restore to end" if self._restores.running()
-                         else "waiting behind a restore into the next free slot")]
+                         or self._landing else "waiting behind a restore into the next free slot")]
         if self._cfg.mode == "off":
             return self._admit(req_id, "prefill.mode off", now)
         if req.est_new_tokens < self._cfg.cold_tokens:
@@ -374,7 +386,7 @@ class PrefillPolicy:
 
     def _unclaim(self, now: float) -> list[Decision]:
         """Rule 14: the requests held behind a restore go once no slot is claimed."""
-        if not self._behind or self._claimed():
+        if not self._behind or self._claimed(now):
             return []
         behind, self._behind = list(self._behind.values()), {}
         return [d for req in behind for d in self._arrive(req, now)]
@@ -393,9 +405,14 @@ class PrefillPolicy:
 
     # ---- state -------------------------------------------------------------------------------
 
-    def _claimed(self) -> bool:
-        """Rule 14: a restore runs, or one waits and no slot is free besides."""
-        return self._restores.running() > 0 or (bool(self._restores) and self._free_slots() <= 0)
+    def _claimed(self, now: float) -> bool:
+        """Rule 14: a restore runs, or a restored request is landing in its slot, or a restore
+        waits and no slot is free besides."""
+        for req_id, until in list(self._landing.items()):
+            if now >= until:
+                del self._landing[req_id]
+        return bool(self._restores.running() or self._landing
+                    or (self._restores and self._free_slots() <= 0))
 
     def _free_slots(self) -> int:
         """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
