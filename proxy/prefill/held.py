@@ -35,7 +35,8 @@ class HeldRequest:
     goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
 
     def catch_up(self, why: str) -> None:
-        """Held no longer: catch-up pieces from now on, pauses as short as BEHIND_SHARE allows."""
+        """Held no longer: catch-up pieces from now on (their pauses BEHIND_SHARE's), the first
+        one without yielding to others' prompts (rule 8 of the policy)."""
         self.caught_up, self.behind = why, True
 
     @property
