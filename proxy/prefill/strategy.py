@@ -15,7 +15,8 @@ pieces that stalled the streams 0.8-0.9 s. The disasters it guards
 against (tiny pieces on a busy machine) trade 0.1-0.5. A hold reaches off's trade too, and so do
 pieces of n_batch, so the trade alone cannot choose between larger pieces and a hold: pieces win
 when they stall the streams no longer than off (rule 5), since they also bound what the cold
-request pays; otherwise the hold does (rule 6).
+request pays; otherwise catch-up pieces do, bounding both (rule 6), and a hold only when no size
+catches up.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
 
 
 def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) -> PieceChoice:
-    """Rule 8: a cold request that is not to be held any longer (its hold ended with others still
-    generating, or its rest is a short turn's work) while the streams' promise cannot be kept.
+    """Rule 8: the streams' promise cannot be kept (rule 6), or a cold request is not to be held
+    any longer (its hold ended with others still generating, or its rest is a short turn's work).
     Sent whole, its rest would freeze every stream for all of it; instead CATCH_UP pieces: the
     smallest size whose pieces, with the pauses of `knobs.prefill_share` (the policy gives
     BEHIND_SHARE), take at most CATCH_UP × the rest sent whole, within rule 1's ramp. WHOLE when
