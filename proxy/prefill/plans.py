@@ -5,7 +5,6 @@ is released. Pure; the policy owns it and says what the server is doing (`Server
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -118,8 +117,7 @@ class ColdPlans:
         if held.caught_up is not None or held.behind:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "
                                      "alone)")
-            return catch_up_piece(server.cost.cost, situation,
-                                  dataclasses.replace(knobs, prefill_share=BEHIND_SHARE), why)
+            return catch_up_piece(server.cost.cost, situation, knobs, why)
         return choose_piece(server.cost.cost, situation, knobs)
 
     def _defer_step(self, server: Server, now: float) -> Release | None:

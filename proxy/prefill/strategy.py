@@ -153,7 +153,7 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         what = "larger pieces gain little" if n == fit else f"{n}-token pieces amortise the fixed part"
         return _choice(Strategy.PIECES if n == fit else Strategy.LARGER_PIECES, n, n_ms, outlook, off,
                        f"{why}; {what} (~{_dur(n_ms)} each){_keeps(outlook)}")
-    catch = catch_up_piece(cost, sit, replace(knobs, prefill_share=BEHIND_SHARE), why)
+    catch = catch_up_piece(cost, sit, knobs, why)
     if catch.strategy is Strategy.CATCH_UP:
         return catch
     hold_ms = longest_hold_ms(off, knobs)
@@ -169,11 +169,12 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
     """Rule 8: the streams' promise cannot be kept (rule 6), or a cold request is not to be held
     any longer (its hold ended with others still generating, or its rest is a short turn's work).
     Sent whole, its rest would freeze every stream for all of it; instead CATCH_UP pieces: the
-    smallest size whose pieces, with the pauses of `knobs.prefill_share` (the policy gives
-    BEHIND_SHARE), take at most CATCH_UP × the rest sent whole, within rule 1's ramp. WHOLE when
+    smallest size whose pieces, with BEHIND_SHARE's pauses (not `knobs.prefill_share`), take at
+    most CATCH_UP × the rest sent whole, within rule 1's ramp. WHOLE when
     the rest fits that piece, or when no size catches up so (a fixed part so large that pieces
     would stall the streams about as long as the whole rest). `why` starts the reason."""
     _check(sit, knobs)
+    knobs = replace(knobs, prefill_share=BEHIND_SHARE)
     off = off_outlook(cost, sit, knobs)
     for n in piece_sizes(knobs.n_batch):
         if n >= sit.remaining_tokens:
