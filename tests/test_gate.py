@@ -408,10 +408,12 @@ async def test_a_returning_conversation_waits_for_the_next_slot_then_is_restored
     await settle()
     assert not short.done()  # not until r has its restored slot: x could take it first
     rig.registry.move(r, Phase.PREFILLING, rig.clock.now)
+    await settle()
+    assert not short.done()  # r and s2 use both slots: x would only queue in the server
+    finish(rig, s2)
     await short
     assert r.prefill.held_ms == 2000.0 and r.prefill.est_new_tokens == 100
     assert rig.feeder.pieces == []  # restored, not recomputed in pieces
-    finish(rig, s2)
 
 
 async def test_two_cold_requests_share_the_prefill_time(rig: Rig) -> None:
@@ -432,8 +434,11 @@ async def test_two_cold_requests_share_the_prefill_time(rig: Rig) -> None:
         await settle()
         if short.done():
             break
-    # one piece of the long history, then only the short turn's until it was sent
-    assert rig.feeder.prompts[0] == 16000 and set(rig.feeder.prompts[1:]) == {1200}
+    # one piece of the long history, then the short turn's until it was sent, but for a piece
+    # of the long one each time it had waited its own time alone (32 s at the prior cost)
+    prompts = rig.feeder.prompts
+    assert prompts[0] == 16000 and set(prompts[1:]) == {1200, 16000}
+    assert prompts.count(1200) > 2 * prompts.count(16000), prompts
     assert c.prefill.pieces >= 1 and not long.done()
     long.cancel()
     await asyncio.gather(long, return_exceptions=True)

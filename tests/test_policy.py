@@ -178,6 +178,45 @@ class TestRule4SharedPrefillTime:
         assert kinds(p.on_arrival("b", 5000, 5000, 1.0)) == ["Reject"]
 
 
+    def test_a_cold_request_waits_behind_another_no_longer_than_its_own_time_alone(self) -> None:
+        """A 3,000-token and a 4,000-token first turn arrive together beside a stream (3 s and
+        4 s alone). The shorter goes first, but stretched out in pieces beside the stream it takes
+        longer than the other's time alone: the other is not held for the whole of it. Once it
+        has waited its own time alone it gets the next piece, and again each time it has."""
+        p = policy(tps=1000.0)
+        busy(p)
+        decided = [*p.on_arrival("a", 3000, 3000, 0.0), *p.on_arrival("b", 4000, 4000, 0.1)]
+        alone = {"a": 3.0, "b": 4.0}
+        last = {"a": 0.0, "b": 0.1}  # arrival, then each piece's end
+        upto = {"a": 0, "b": 0}
+        gaps: dict[str, list[float]] = {"a": [], "b": []}
+        order: list[str] = []  # who got each piece, then who was sent
+        now = 0.0
+        while True:
+            assert now < 60.0
+            order += [f"{d.req_id} sent" for d in decided if isinstance(d, Admit | Forward)]
+            if len([o for o in order if o.endswith("sent")]) == 2:
+                break
+            fed = [d for d in decided if isinstance(d, FeedPiece)]
+            if fed:
+                [piece] = fed
+                order.append(piece.req_id)
+                gaps[piece.req_id].append(now - last[piece.req_id])
+                tokens = piece.upto_tokens - upto[piece.req_id]
+                upto[piece.req_id] = piece.upto_tokens
+                now += tokens / 1000.0
+                last[piece.req_id] = now
+                decided = p.on_piece_done(piece.req_id, tokens, tokens * 1.0, now)
+            else:
+                wake = p.next_wakeup()
+                assert wake is not None
+                now = max(now, wake)
+                decided = p.on_tick(now)
+        assert order[0] == "a" and order.index("b") < order.index("a sent")  # b went meanwhile
+        for who in ("a", "b"):  # and nobody waited longer than its own time alone (+ a piece)
+            assert max(gaps[who]) <= alone[who] + 0.6, (who, gaps[who])
+        assert gaps["b"][0] > 3.0  # the shorter rest went first until then
+
 class TestRule5Defer:
     def test_held_until_others_finish(self) -> None:
         p = policy("defer")
@@ -575,6 +614,42 @@ class TestRule12EverySlotUserCounts:
         [hold] = p.on_arrival("y", 100, 100, 0.4)  # y waits behind the restore
         assert hold == Hold("y", "waiting behind a restore into the next free slot")
 
+    def test_a_cold_request_fed_in_pieces_keeps_its_slot(self) -> None:
+        """Between two pieces the server's slot is idle; a short turn sent then would take the
+        last one, and the cold request would then wait for somebody's whole reply (bench day:
+        bob's first turn, its pieces done, waited 18 s for a translation to end)."""
+        p = policy(slots=2)
+        busy(p)
+        assert kinds(p.on_arrival("c", 5000, 5000, 0.0)) == ["Hold", "FeedPiece"]
+        p.on_piece_done("c", 256, 250.0, 0.25)
+        assert p.on_arrival("x", 100, 100, 0.3) == [
+            Hold("x", "waiting for a free slot (all 2 in use)")]
+        assert p.on_tick(0.5) == [FeedPiece("c", 512)]  # c's next piece goes, x still waits
+        assert p.on_finished("s", 0.6) == [Admit("x", "not cold")]
+
+    def test_requests_waiting_for_a_slot_go_in_arrival_order_one_per_free_slot(self) -> None:
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
+        assert kinds(p.on_arrival("y", 100, 100, 0.2)) == ["Hold"]
+        assert p.on_finished("s2", 1.0) == [Admit("x", "not cold")]
+        assert p.on_client_left("s1", 2.0) == [Admit("y", "not cold")]
+
+    def test_a_cold_request_waits_for_a_slot_before_its_first_piece(self) -> None:
+        p = policy(slots=1)
+        busy(p)
+        assert p.on_arrival("c", 5000, 5000, 0.0) == [Hold("c", "others generating")]
+        assert p.on_tick(1.0) == []  # no piece: it would only queue in the server
+        assert kinds(p.on_finished("s", 2.0)) == ["FeedPiece"]  # nobody generating: idle pieces
+
+    def test_short_requests_take_a_freed_slot_before_a_cold_request_s_first_piece(self) -> None:
+        p = policy(slots=1)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
+        assert p.on_finished("s", 1.0) == [Admit("x", "not cold")]
+
     def test_unknown_slots_hold_nobody_behind_a_waiting_restore(self) -> None:
         p = policy()
         for i in range(8):
@@ -622,7 +697,9 @@ class TestRule14Restores:
         assert kinds(p.on_arrival("x", 100, 100, 0.5)) == ["Hold"]  # would queue in the server
         assert p.on_finished("s1", 1.0) == [Restore("r")]  # the freed slot is the restore's
         assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold")]
-        assert p.on_first_token("r", 1.3) == [Admit("x", "not cold")]
+        assert p.on_first_token("r", 1.3) == []  # r and s2 use both slots: x waits for one
+        assert p.snapshot().held == ("x",)
+        assert p.on_finished("s2", 2.0) == [Admit("x", "not cold")]
 
     def test_it_waits_up_to_the_operators_bound_then_is_computed(self) -> None:
         """6,000 tokens at 1,000 tok/s: 6 s alone, but beside others far longer: the restore of
@@ -632,10 +709,9 @@ class TestRule14Restores:
         p.on_arrival("r", 6000, 6000, 0.0, Restorable(6000, restore_ms=500.0, max_wait_s=20.0))
         until = p.next_wakeup()
         assert until == pytest.approx(20.0)
-        [hold, piece] = p.on_tick(until)  # decided as it came: cold, others generate
-        assert hold == Hold("r", "others generating") and isinstance(piece, FeedPiece)
-        assert p.on_finished("s", 21.0) == []  # its piece is let finish, then the rest goes
-        now, out = 21.0, [piece]
+        # decided as it came: cold, others generate, and no slot for a piece of it
+        assert p.on_tick(until) == [Hold("r", "others generating")]
+        now, out = 21.0, p.on_finished("s", 21.0)  # the slot frees: its rest goes, in pieces
         while not isinstance(out[-1], Admit | Forward):
             assert isinstance(out[-1], FeedPiece)
             now += 0.5
@@ -644,7 +720,7 @@ class TestRule14Restores:
                                          "computed instead; ")
 
     def test_not_at_all_when_computing_costs_no_more_than_restoring(self) -> None:
-        p = policy(slots=1, tps=100_000.0)
+        p = policy(slots=2, tps=100_000.0)
         busy(p)
         decided = p.on_arrival("r", 6000, 6000, 0.0,
                                Restorable(6000, restore_ms=500.0, max_wait_s=30.0))
@@ -679,7 +755,8 @@ class TestRule14Restores:
         busy(p)
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         p.on_arrival("x", 100, 100, 0.1)
-        assert p.on_client_left("r", 0.2) == [Admit("x", "not cold")]
+        assert p.on_client_left("r", 0.2) == []  # x still waits for the one slot ...
+        assert p.on_finished("s", 1.0) == [Admit("x", "not cold")]  # ... which r no longer claims
         assert p.next_wakeup() is None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.events import Admit, Arrived, Forward
 from proxy.prefill.snapshot import ChunkProgress
 from proxy.prefill.strategy import PieceChoice, Strategy
@@ -33,6 +34,26 @@ class HeldRequest:
     caught_up: str | None = None
     """`chunk`: why it is no longer held (its hold ended, or its rest is a short turn's work): it
     goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
+    waiting_since: float = 0.0
+    """When it last got something: its arrival, then the end of each of its pieces (rule 4's
+    turn: a plan that has waited its own time alone since then goes before the others)."""
+
+    @property
+    def has_slot(self) -> bool:
+        """A piece of it is in flight or was computed: a slot holds its prefix, and the policy
+        keeps that slot for it (rule 12), so that a short turn sent meanwhile cannot take the
+        last one and leave it waiting for somebody's whole reply."""
+        return self.piece_upto is not None or self.pieces_done > 0
+
+    def alone_ms(self, cost: BatchCost, n_batch: int) -> float:
+        """Its new tokens' time with nobody else on the server, as the batch cost predicts it."""
+        req = self.req
+        cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
+        return cost.prompt_ms(req.est_new_tokens, cached, n_batch)
+
+    def due_at(self, cost: BatchCost, n_batch: int) -> float:
+        """Rule 4: from then on it has waited its own time alone for its next piece."""
+        return self.waiting_since + self.alone_ms(cost, n_batch) / 1000.0
 
     def catch_up(self, why: str) -> None:
         """Held no longer: catch-up pieces from now on (their pauses BEHIND_SHARE's), the first
@@ -51,7 +72,7 @@ class HeldRequest:
     @classmethod
     def for_request(cls, req: Arrived, max_hold_s: float) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s)
+        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, waiting_since=req.now)
 
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and

@@ -44,8 +44,7 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
     if factor <= 0:
         return cfg.prefill_share
     req = held.req
-    cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-    alone_ms = cost.prompt_ms(req.est_new_tokens, cached, n_batch)
+    alone_ms = held.alone_ms(cost, n_batch)
     rest = req.est_prompt_tokens - held.done_upto
     piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
     rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders)

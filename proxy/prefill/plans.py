@@ -32,12 +32,19 @@ class Server:
     use: ServerUse
     other_piece: bool
     """A warm-up's piece or a save is in flight: the one piece in flight is not a plan's."""
+    free_slots: int | None = None
+    """Slots nobody uses or keeps (rule 12); None: the server's slot count is unknown."""
+
+    def takes(self, held: HeldRequest) -> bool:
+        """Whether a plan may use the server now: it keeps a slot, or one is free."""
+        return held.has_slot or self.free_slots is None or self.free_slots > 0
 
 
 class ColdPlans:
     def __init__(self) -> None:
         self.held: dict[str, HeldRequest] = {}  # in arrival order
         self.next_piece_at = 0.0
+        self._next: str | None = None  # the plan first in turn at the last step
 
     def __bool__(self) -> bool:
         return bool(self.held)
@@ -52,6 +59,10 @@ class ColdPlans:
         """Plans with a piece in flight (at most one)."""
         return sum(1 for p in self.held.values() if p.piece_upto is not None)
 
+    def slots_kept(self) -> int:
+        """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
+        return sum(1 for p in self.held.values() if p.has_slot)
+
     # ---- events ------------------------------------------------------------------------------
 
     def piece_done(self, server: Server, req_id: str, tokens: int, elapsed_ms: float,
@@ -64,6 +75,7 @@ class ColdPlans:
                                   server.use.decoders())
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
+        held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
         share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
                              server.use.decoders(), now)
@@ -83,9 +95,12 @@ class ColdPlans:
             return self._defer_step(server, now)
         if server.other_piece or self.fed():
             return None
+        turn = [p for p in self.turn(server, now) if server.takes(p)]
+        if not turn:
+            return None
         if not server.use:
-            return self._idle(server, shortest_rest(self.held.values()))
-        for held in sorted(self.held.values(), key=HeldRequest.rest_key):
+            return self._idle(server, turn[0])
+        for held in turn:
             if held.hold_until is not None:
                 if now < held.hold_until:
                     continue
@@ -105,6 +120,21 @@ class ColdPlans:
             held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
             return FeedPiece(held.req.req_id, held.piece_upto)
         return None
+
+    def turn(self, server: Server, now: float) -> list[HeldRequest]:
+        """Rule 4's order: first the plans that have waited their own time alone since they last
+        got a piece (or arrived), the longest overdue first, so that cold requests take turns
+        rather than one waiting for the whole of another stretched out beside the streams; then
+        the fewest tokens left, then the earliest."""
+        cost, n_batch = server.cost.cost, server.n_batch
+
+        def key(plan: HeldRequest) -> tuple[int, float, float]:
+            due = plan.due_at(cost, n_batch)
+            return (0, due, 0.0) if due <= now else (1, float(plan.rest), plan.req.now)
+
+        order = sorted(self.held.values(), key=key)
+        self._next = order[0].req.req_id if order else None
+        return order
 
     def choice(self, server: Server, held: HeldRequest) -> PieceChoice:
         """How a plan would go on now (rule 6), from the fitted cost."""
@@ -171,4 +201,5 @@ class ColdPlans:
         if fed is not None:
             return fed
         going = [p for p in plans if p.hold_until is None] or list(plans)
-        return shortest_rest(going) if going else None
+        first = next((p for p in going if p.req.req_id == self._next), None)
+        return first or (shortest_rest(going) if going else None)

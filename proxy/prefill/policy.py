@@ -26,8 +26,9 @@ from proxy.prefill.events import (
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
-from proxy.prefill.restores import RestoreLine, wait_s
-from proxy.prefill.server_use import SENT_GRACE_S, ServerUse
+from proxy.prefill.restores import wait_s
+from proxy.prefill.server_use import ServerUse
+from proxy.prefill.slot_line import SlotLine
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Phase
 
@@ -42,7 +43,8 @@ class PrefillPolicy:
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`. Any other request is
-        admitted at once and never waits behind a cold one (but see rule 14's claimed slot).
+        admitted at once and never waits behind a cold one (but see rule 12's kept slots and rule
+        14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
@@ -52,7 +54,12 @@ class PrefillPolicy:
      4. Cold requests share the prefill time: each one held has its own plan, at most one piece is
         in flight, and the next piece (or release) goes to the plan with the fewest tokens left to
         compute, then the earliest: a short first turn waits for the piece in flight, not for a
-        long history's whole rest. One held beyond `max_waiting` + 1 is rejected.
+        long history's whole rest; but a plan that has waited its own time alone (the batch
+        cost's, nobody else on the server) since its last piece or its arrival goes first, the
+        longest overdue first: beside the streams the shortest rest is stretched out in pieces
+        and pauses, and a second cold request is never held for the whole of it (bench day: the
+        day's two first turns, 1,998 and 1,638 tokens, the second held 12 s behind the first,
+        ~4 s alone). One held beyond `max_waiting` + 1 is rejected.
      5. `defer`: cold requests are held while others generate; when nobody does, the one with the
         fewest tokens left is admitted (it then generates, and the others wait for it); each is
         admitted by `on_tick` once it has been held `max_hold_s` since its arrival.
@@ -93,8 +100,14 @@ class PrefillPolicy:
         flight), a waiting request leaves its line, a sent request stops counting as generating.
     11. A failed piece ends its plan: the real request is forwarded as it came (fail open), with
         the reason.
-    12. Every slot user counts: requests sent, the piece in flight and restores running; with the
-        server's slot count known (`set_slots`), the free slots are the rest.
+    12. Every slot user counts: requests sent, restores running, a warm-up's piece or a save in
+        flight, and every cold plan a piece of which went: between its pieces its slot is idle in
+        the server, but kept for it (a short turn sent then could take the last slot, and the cold
+        request would wait for somebody's whole reply: bench day, bob's first turn 18 s behind a
+        translation). With the server's slot count known (`set_slots`), the free slots are the
+        rest; when none is, a request that would go now is held instead (it would only queue in
+        the server) and they go in arrival order, one per slot that frees, before a cold plan's
+        first piece; a restore waiting goes before them all (rule 14).
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
         `off` every plan is released at once.
     14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
@@ -133,12 +146,10 @@ class PrefillPolicy:
         self._cfg = config
         self._n_batch = n_batch
         self._cost = cost if cost is not None else BatchCostModel()
-        self._slots = slots
         self._use = ServerUse()
         self._plans = ColdPlans()  # rules 4-8 (plans.py)
-        self._restores = RestoreLine()
-        self._behind: dict[str, Arrived] = {}  # held while a slot is claimed for a restore
-        self._landing: dict[str, float] = {}  # restored requests sent, until their prompt starts
+        self._line = SlotLine(slots)  # rules 12 and 14 (slot_line.py)
+        self._restores = self._line.restores
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._warm_pieces = 0
         self._saving: str | None = None
@@ -166,7 +177,7 @@ class PrefillPolicy:
         req = waiting.req
         decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now), now)
         if any(isinstance(d, Admit) and d.req_id == req_id for d in decided):
-            self._landing[req_id] = now + SENT_GRACE_S
+            self._line.land(req_id, now)
         return [*decided, *self._advance(now)]
 
     def on_restore_failed(self, req_id: str, reason: str, now: float, *,
@@ -185,15 +196,15 @@ class PrefillPolicy:
 
     def set_slots(self, slots: int | None) -> None:
         """The server's slot count (`/props`), once known."""
-        self._slots = slots
+        self._line.slots = slots
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.PREFILLING)
-        return self._advance(now) if self._landing.pop(req_id, None) is not None else []
+        return self._advance(now) if self._line.landed(req_id) else []
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.DECODING)
-        landed = self._landing.pop(req_id, None) is not None
+        landed = self._line.landed(req_id)
         return self._advance(now) if self._plans or landed else []
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
@@ -201,7 +212,7 @@ class PrefillPolicy:
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
             self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
                                        self._use.decoders(besides=req_id))
-        self._landing.pop(req_id, None)
+        self._line.landed(req_id)
         if not self._use.ended(req_id):
             return []
         self._restores.a_request_finished()
@@ -248,13 +259,12 @@ class PrefillPolicy:
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
         self._notes.pop(req_id, None)
-        self._landing.pop(req_id, None)
+        waited = self._line.left(req_id)
         held = self._plans.held.pop(req_id, None)
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
-        gone = self._restores.pop(req_id) or self._behind.pop(req_id, None)
-        if not self._use.ended(req_id) and gone is None:
+        if not self._use.ended(req_id) and not waited:
             return []
         return self._advance(now)
 
@@ -275,21 +285,19 @@ class PrefillPolicy:
 
     def next_wakeup(self) -> float | None:
         """The earliest `now` at which `on_tick` may decide something (None: only events will)."""
-        landing = min(self._landing.values(), default=None) if self._behind else None
-        times = [t for t in (self._restores.next_wakeup(), self._plans.next_wakeup(self._server()),
-                             landing) if t is not None]
+        times = [t for t in (self._line.next_wakeup(), self._plans.next_wakeup(self._server()))
+                 if t is not None]
         return min(times, default=None)
 
     def save_ok(self) -> bool:
         """Rule 16: whether a save may go now (nobody else uses the server)."""
-        return not (self._use or self._plans or self._restores or self._behind
-                    or self._warm_pieces or self._saving)
+        return not (self._use or self._plans or self._line or self._warm_pieces or self._saving)
 
     def warm_load(self, now: float) -> Load:
         """Rule 15: what real requests are doing, as the warm-up queue decides by it (a save in
         flight pauses it like a request just sent)."""
         grace = self._use.sent_grace_end()
-        return Load(cold_held=bool(self._plans or self._restores or self._behind),
+        return Load(cold_held=bool(self._plans or self._line),
                     starting=now < grace or self._saving is not None,
                     busy=bool(self._use) or self._saving is not None,
                     decoders=self._use.decoders(), recheck_at=grace if now < grace else None)
@@ -302,7 +310,7 @@ class PrefillPolicy:
     def snapshot(self) -> PolicySnapshot:
         active = self._plans.active()
         waiting = tuple(r for r in self._plans if active is None or r != active.req.req_id)
-        others = tuple(self._restores.waiting) + tuple(self._behind)
+        others = self._line.held()
         return PolicySnapshot(
             mode=self._cfg.mode,
             held=((active.req.req_id,) if active else ()) + waiting + others,
@@ -319,14 +327,14 @@ class PrefillPolicy:
     def _arrive(self, req: Arrived, now: float) -> list[Decision]:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
-        if self._claimed(now):
-            self._behind[req_id] = req
-            return [Hold(req_id, "waiting for a restore to end" if self._restores.running()
-                         or self._landing else "waiting behind a restore into the next free slot")]
-        if self._cfg.mode == "off":
-            return self._admit(req_id, "prefill.mode off", now)
-        if req.est_new_tokens < self._cfg.cold_tokens:
-            return self._admit(req_id, "not cold", now)
+        goes_now = self._cfg.mode == "off" or req.est_new_tokens < self._cfg.cold_tokens
+        taken = self._taken()
+        if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
+            self._line.hold(req)
+            return [Hold(req_id, self._line.why_held())]
+        if goes_now:
+            return self._admit(req_id, "prefill.mode off" if self._cfg.mode == "off"
+                               else "not cold", now)
         idle = not (self._plans or self._use or self._warm_pieces or self._saving)
         if idle and self._cfg.mode == "defer":
             return self._admit(req_id, "cold, nobody generating", now)
@@ -367,10 +375,11 @@ class PrefillPolicy:
     # ---- deciding ----------------------------------------------------------------------------
 
     def _advance(self, now: float) -> list[Decision]:
-        """Apply rules 4-7 and 14 until nothing changes."""
+        """Apply rules 4-7, 12 and 14 until nothing changes: restores take a freed slot first,
+        then the requests held for one, then the cold plans."""
         out: list[Decision] = []
         while True:
-            step = [*self._restore_step(now), *self._plan_step(now), *self._unclaim(now)]
+            step = [*self._restore_step(now), *self._unclaim(now), *self._plan_step(now)]
             if not step:
                 return out
             out.extend(step)
@@ -381,15 +390,16 @@ class PrefillPolicy:
             self._notes[waiting.req.req_id] = ("keep_kv: no slot came free to restore into "
                                               "in time, computed instead")
             out.extend(self._arrive(waiting.req, now))
-        started = self._restores.start(0 if self._saving else self._free_slots())
+        started = self._restores.start(0 if self._saving else self._line.free(self._taken()))
         return [*out, *(Restore(r) for r in started)]
 
     def _unclaim(self, now: float) -> list[Decision]:
-        """Rule 14: the requests held behind a restore go once no slot is claimed."""
-        if not self._behind or self._claimed(now):
-            return []
-        behind, self._behind = list(self._behind.values()), {}
-        return [d for req in behind for d in self._arrive(req, now)]
+        """Rules 12 and 14: the requests held for a slot go in arrival order, one per free slot,
+        once no restore claims it."""
+        out: list[Decision] = []
+        while (req := self._line.next_behind(now, self._taken())) is not None:
+            out.extend(self._arrive(req, now))
+        return out
 
     def _plan_step(self, now: float) -> list[Decision]:
         step = self._plans.step(self._server(), now)
@@ -401,22 +411,13 @@ class PrefillPolicy:
 
     def _server(self) -> Server:
         return Server(self._cfg, self._n_batch, self._cost, self._use,
-                      other_piece=bool(self._warm_pieces or self._saving))
+                      other_piece=bool(self._warm_pieces or self._saving),
+                      free_slots=(None if self._line.slots is None
+                                  else self._line.free(self._taken())))
 
     # ---- state -------------------------------------------------------------------------------
 
-    def _claimed(self, now: float) -> bool:
-        """Rule 14: a restore runs, or a restored request is landing in its slot, or a restore
-        waits and no slot is free besides."""
-        for req_id, until in list(self._landing.items()):
-            if now >= until:
-                del self._landing[req_id]
-        return bool(self._restores.running() or self._landing
-                    or (self._restores and self._free_slots() <= 0))
-
-    def _free_slots(self) -> int:
-        """Rule 12; unknown slots: one is taken to be free (a restore then finds out)."""
-        if self._slots is None:
-            return 1
-        pieces = self._warm_pieces + (self._saving is not None) + self._plans.fed()
-        return self._slots - len(self._use) - pieces - self._restores.running()
+    def _taken(self) -> int:
+        """Rule 12: the slots used or kept besides the restores running (the line counts those)."""
+        return (len(self._use) + self._warm_pieces + (self._saving is not None)
+                + self._plans.slots_kept())

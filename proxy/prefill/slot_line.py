@@ -1,0 +1,91 @@
+"""Who gets llama-server's next free slot, as the prefill policy decides it (its rules 12 and 14):
+the server's slot count, the restores waiting for a slot, the requests held until one frees, and
+the restored requests landing in theirs. Pure data with a little arithmetic; the policy counts the
+other slot users (requests sent, kept plans, warm-up pieces, a save) and decides.
+
+Once every slot is used, a request sent would only queue inside llama-server, which then gives the
+next slot to whoever it queued first, a restore's task or a short turn alike; held here, the
+policy chooses: a returning conversation's restore first, then the others in arrival order.
+"""
+
+from __future__ import annotations
+
+from proxy.prefill.events import Arrived
+from proxy.prefill.restores import RestoreLine
+from proxy.prefill.server_use import SENT_GRACE_S
+
+
+class SlotLine:
+    def __init__(self, slots: int | None = None) -> None:
+        self.slots = slots
+        """The server's slot count (`/props`); None until known."""
+        self.restores = RestoreLine()
+        self.behind: dict[str, Arrived] = {}
+        """Held until a slot is free and none is claimed for a restore, in arrival order."""
+        self._landing: dict[str, float] = {}
+        """Restored requests sent, until their prompt starts (at most SENT_GRACE_S)."""
+
+    def __bool__(self) -> bool:
+        """Somebody waits for a slot (a restore, or a request held behind)."""
+        return bool(self.restores or self.behind)
+
+    def held(self) -> tuple[str, ...]:
+        return tuple(self.restores.waiting) + tuple(self.behind)
+
+    # ---- counting ----------------------------------------------------------------------------
+
+    def free(self, taken: int) -> int:
+        """Slots free besides the `taken` ones and the restores running; unknown slots: one is
+        taken to be free (a restore then finds out, and nobody is held for a slot)."""
+        if self.slots is None:
+            return 1
+        return self.slots - taken - self.restores.running()
+
+    def full(self, taken: int) -> bool:
+        return self.slots is not None and self.free(taken) <= 0
+
+    def claimed(self, now: float, taken: int) -> bool:
+        """Rule 14: a restore runs, or a restored request is landing in its slot, or a restore
+        waits and no slot is free besides."""
+        for req_id, until in list(self._landing.items()):
+            if now >= until:
+                del self._landing[req_id]
+        return bool(self.restores.running() or self._landing
+                    or (self.restores and self.free(taken) <= 0))
+
+    def why_held(self) -> str:
+        if self.restores.running() or self._landing:
+            return "waiting for a restore to end"
+        if self.restores:
+            return "waiting behind a restore into the next free slot"
+        return f"waiting for a free slot (all {self.slots} in use)"
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def hold(self, req: Arrived) -> None:
+        self.behind[req.req_id] = req
+
+    def next_behind(self, now: float, taken: int) -> Arrived | None:
+        """The first one held, if a slot is free for it now (it leaves the line)."""
+        if not self.behind or self.claimed(now, taken) or self.full(taken):
+            return None
+        return self.behind.pop(next(iter(self.behind)))
+
+    def land(self, req_id: str, now: float) -> None:
+        """A restored request was sent: the others wait until its prompt starts."""
+        self._landing[req_id] = now + SENT_GRACE_S
+
+    def landed(self, req_id: str) -> bool:
+        """Its prompt started (or it ended); whether it was landing."""
+        return self._landing.pop(req_id, None) is not None
+
+    def left(self, req_id: str) -> bool:
+        """Its client left; whether it was waiting for a slot."""
+        self._landing.pop(req_id, None)
+        return (self.restores.pop(req_id) or self.behind.pop(req_id, None)) is not None
+
+    def next_wakeup(self) -> float | None:
+        """A restore's wait running out, or a landing's grace ending with somebody behind it."""
+        landing = min(self._landing.values(), default=None) if self.behind else None
+        times = [t for t in (self.restores.next_wakeup(), landing) if t is not None]
+        return min(times, default=None)
