@@ -48,13 +48,15 @@ def read_records(source: ProxyThread | Config | Path, count: int | None = None,
                  timeout: float = 10.0) -> list[dict[str, Any]]:
     """The records of a timing log: a proxy's, a config's, or the file's at a path; with `count`,
     waits until that many are written (a record is written just after the response's last byte,
-    so a fast client can look before it is there). An absent log has no records."""
+    so a fast client can look before it is there). An absent log has no records, and a record
+    still being written (no newline yet) is not one yet."""
     if isinstance(source, ProxyThread):
         source = source.config
     path = Path(source.log.timing) if isinstance(source, Config) else source
     deadline = time.monotonic() + timeout
     while True:
-        lines = path.read_bytes().splitlines() if path.exists() else []
+        data = path.read_bytes() if path.exists() else b""
+        lines = data[:data.rfind(b"\n") + 1].splitlines()
         if count is None or len(lines) >= count or time.monotonic() > deadline:
             return [orjson.loads(line) for line in lines]
         time.sleep(0.01)

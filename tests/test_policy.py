@@ -610,7 +610,7 @@ class TestRule12EverySlotUserCounts:
         assert hold == Hold("x", "waiting for a restore to end")
         # it found no idle slot: x goes into the third one, then none is free for y.
         assert p.on_restore_failed("r", "no idle slot", 0.3, no_slot=True) == [
-            Admit("x", "not cold")]
+            Admit("x", "held for a restore to end; not cold")]
         [hold] = p.on_arrival("y", 100, 100, 0.4)  # y waits behind the restore
         assert hold == Hold("y", "waiting behind a restore into the next free slot")
 
@@ -623,9 +623,9 @@ class TestRule12EverySlotUserCounts:
         assert kinds(p.on_arrival("c", 5000, 5000, 0.0)) == ["Hold", "FeedPiece"]
         p.on_piece_done("c", 256, 250.0, 0.25)
         assert p.on_arrival("x", 100, 100, 0.3) == [
-            Hold("x", "waiting for a free slot (all 2 in use)")]
+            Hold("x", "waiting for a free slot (2 of 2 in use)")]
         assert p.on_tick(0.5) == [FeedPiece("c", 512)]  # c's next piece goes, x still waits
-        assert p.on_finished("s", 0.6) == [Admit("x", "not cold")]
+        assert p.on_finished("s", 0.6) == [Admit("x", "held for a free slot (2 of 2 in use); not cold")]
 
     def test_requests_waiting_for_a_slot_go_in_arrival_order_one_per_free_slot(self) -> None:
         p = policy(slots=2)
@@ -633,8 +633,8 @@ class TestRule12EverySlotUserCounts:
         busy(p, "s2")
         assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
         assert kinds(p.on_arrival("y", 100, 100, 0.2)) == ["Hold"]
-        assert p.on_finished("s2", 1.0) == [Admit("x", "not cold")]
-        assert p.on_client_left("s1", 2.0) == [Admit("y", "not cold")]
+        assert p.on_finished("s2", 1.0) == [Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        assert p.on_client_left("s1", 2.0) == [Admit("y", "held for a free slot (2 of 2 in use); not cold")]
 
     def test_a_cold_request_waits_for_a_slot_before_its_first_piece(self) -> None:
         p = policy(slots=1)
@@ -648,7 +648,7 @@ class TestRule12EverySlotUserCounts:
         busy(p)
         p.on_arrival("c", 5000, 5000, 0.0)
         assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
-        assert p.on_finished("s", 1.0) == [Admit("x", "not cold")]
+        assert p.on_finished("s", 1.0) == [Admit("x", "held for a free slot (1 of 1 in use); not cold")]
 
     def test_unknown_slots_hold_nobody_behind_a_waiting_restore(self) -> None:
         p = policy()
@@ -669,7 +669,7 @@ class TestRule12EverySlotUserCounts:
             assert p.on_arrival("x", 100, 100, 0.05) == [Hold("x", "waiting for a restore to end")]
             assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
             # and until r has its restored slot: sent beside it, x could take that slot first.
-            assert p.on_prefill_started("r", 0.15) == [Admit("x", "not cold")]
+            assert p.on_prefill_started("r", 0.15) == [Admit("x", "held for a restore to end; not cold")]
 
     def test_a_restored_request_that_shows_no_prompt_frees_the_others_after_a_grace(self) -> None:
         p = policy(slots=4)
@@ -678,7 +678,7 @@ class TestRule12EverySlotUserCounts:
         p.on_arrival("x", 100, 100, 0.05)
         assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
         assert p.next_wakeup() == pytest.approx(0.1 + SENT_GRACE_S)
-        assert p.on_tick(0.1 + SENT_GRACE_S) == [Admit("x", "not cold")]
+        assert p.on_tick(0.1 + SENT_GRACE_S) == [Admit("x", "held for a restore to end; not cold")]
 
 
 class TestRule14Restores:
@@ -699,7 +699,8 @@ class TestRule14Restores:
         assert p.on_restored("r", 60, 1.2) == [Admit("r", "not cold")]
         assert p.on_first_token("r", 1.3) == []  # r and s2 use both slots: x waits for one
         assert p.snapshot().held == ("x",)
-        assert p.on_finished("s2", 2.0) == [Admit("x", "not cold")]
+        assert p.on_finished("s2", 2.0) == [
+            Admit("x", "held behind a restore into the next free slot; not cold")]
 
     def test_it_waits_up_to_the_operators_bound_then_is_computed(self) -> None:
         """6,000 tokens at 1,000 tok/s: 6 s alone, but beside others far longer: the restore of
@@ -756,7 +757,8 @@ class TestRule14Restores:
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         p.on_arrival("x", 100, 100, 0.1)
         assert p.on_client_left("r", 0.2) == []  # x still waits for the one slot ...
-        assert p.on_finished("s", 1.0) == [Admit("x", "not cold")]  # ... which r no longer claims
+        assert p.on_finished("s", 1.0) == [  # ... which r no longer claims
+            Admit("x", "held behind a restore into the next free slot; not cold")]
         assert p.next_wakeup() is None
 
 

@@ -330,8 +330,7 @@ class PrefillPolicy:
         goes_now = self._cfg.mode == "off" or req.est_new_tokens < self._cfg.cold_tokens
         taken = self._taken()
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
-            self._line.hold(req)
-            return [Hold(req_id, self._line.why_held())]
+            return [Hold(req_id, self._line.hold(req))]
         if goes_now:
             return self._admit(req_id, "prefill.mode off" if self._cfg.mode == "off"
                                else "not cold", now)
@@ -397,7 +396,9 @@ class PrefillPolicy:
         """Rules 12 and 14: the requests held for a slot go in arrival order, one per free slot,
         once no restore claims it."""
         out: list[Decision] = []
-        while (req := self._line.next_behind(now, self._taken())) is not None:
+        while (behind := self._line.next_behind(now, self._taken())) is not None:
+            req, why = behind
+            self._notes.setdefault(req.req_id, f"held {why.removeprefix('waiting ')}")
             out.extend(self._arrive(req, now))
         return out
 

@@ -20,8 +20,9 @@ class SlotLine:
         self.slots = slots
         """The server's slot count (`/props`); None until known."""
         self.restores = RestoreLine()
-        self.behind: dict[str, Arrived] = {}
-        """Held until a slot is free and none is claimed for a restore, in arrival order."""
+        self.behind: dict[str, tuple[Arrived, str]] = {}
+        """Held until a slot is free and none is claimed for a restore, in arrival order, with
+        why they were held."""
         self._landing: dict[str, float] = {}
         """Restored requests sent, until their prompt starts (at most SENT_GRACE_S)."""
 
@@ -58,15 +59,18 @@ class SlotLine:
             return "waiting for a restore to end"
         if self.restores:
             return "waiting behind a restore into the next free slot"
-        return f"waiting for a free slot (all {self.slots} in use)"
+        return f"waiting for a free slot ({self.slots} of {self.slots} in use)"
 
     # ---- events ------------------------------------------------------------------------------
 
-    def hold(self, req: Arrived) -> None:
-        self.behind[req.req_id] = req
+    def hold(self, req: Arrived) -> str:
+        """Hold it until a slot is free for it; why."""
+        why = self.why_held()
+        self.behind[req.req_id] = (req, why)
+        return why
 
-    def next_behind(self, now: float, taken: int) -> Arrived | None:
-        """The first one held, if a slot is free for it now (it leaves the line)."""
+    def next_behind(self, now: float, taken: int) -> tuple[Arrived, str] | None:
+        """The first one held and why, if a slot is free for it now (it leaves the line)."""
         if not self.behind or self.claimed(now, taken) or self.full(taken):
             return None
         return self.behind.pop(next(iter(self.behind)))
