@@ -23,12 +23,12 @@ from proxy.prefill import (
 )
 from proxy.prefill.batch_cost import BatchCost, BatchCostModel
 from proxy.prefill.events import Load, Restorable, Restore, Save
-from proxy.prefill.outlook import BEHIND_SHARE
+from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
 from proxy.prefill.sizing import next_upto, pause_s
-from proxy.prefill.strategy import Strategy
+from proxy.prefill.strategy import Strategy, choose_piece
 from proxy.record.flight import Phase
 
 COLD = 2000
@@ -835,6 +835,23 @@ class TestRule15WarmUps:
     def test_while_others_generate_a_piece_fits_max_stall_ms(self) -> None:
         sizer = WarmSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
         assert sizer.piece(0, 5000, None, Load(busy=True, decoders=3)) == 128  # 138 ms
+
+    def test_when_the_fixed_part_eats_small_pieces_it_takes_a_cold_request_s_larger_ones(
+            self) -> None:
+        """Four streams on one shared KV (bench day): a 64-token piece already takes ~0.7 s, so
+        pieces that fit max_stall_ms do not exist, and 64-token ones would warm a post-summary
+        prompt by a few hundred tokens while its user types. The warm-up's piece is the one the
+        strategy gives a cold request at the same prefix."""
+        cost = BatchCost(fixed_ms=500.0, per_token_ms=2.5, per_token_per_kctx_ms=0.0,
+                         per_decoder_ms=0.0)
+        sizer = WarmSizer(cost, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)
+        load = Load(busy=True, decoders=4)
+        piece = sizer.piece(0, 2400, None, load)
+        choice = choose_piece(cost, Situation(done_tokens=0, remaining_tokens=2400, decoders=4,
+                                              largest_piece=None),
+                              ChunkKnobs(max_stall_ms=160.0, n_batch=2048, prefill_share=0.5,
+                                         max_hold_ms=0.0))
+        assert choice.strategy is Strategy.LARGER_PIECES and piece == choice.piece_tokens > 64
 
     def test_on_an_idle_server_a_few_times_that(self) -> None:
         sizer = WarmSizer(self.COST, max_stall_ms=160.0, n_batch=2048, prefill_share=0.5)

@@ -15,6 +15,7 @@ from proxy.prefill.events import Load
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.outlook import RAMP, ChunkKnobs, Situation, fitting_piece, piece_sizes
 from proxy.prefill.sizing import PIECE_ALIGN
+from proxy.prefill.strategy import Strategy, choose_piece
 
 IDLE_WHOLE = 4.0
 """Rule 7: with nobody generating, a rest predicted under this × `max_stall_ms` is forwarded whole."""
@@ -56,11 +57,15 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
 
 @dataclass(frozen=True)
 class WarmSizer:
-    """Rule 15: a warm-up's next piece, chunk's fitting piece from the policy's batch cost. While
-    others generate a piece may stall them as long as one of `chunk`'s pieces (`max_stall_ms`); on
-    an idle server only a real request that arrives during a piece waits for the rest of its batch,
-    so pieces of IDLE_STALL × `max_stall_ms` keep that wait at about one piece while using the
-    server better than small ones (fewer fixed parts)."""
+    """Rule 15: a warm-up's next piece, from the policy's batch cost. While others generate it is
+    the piece the strategy would choose for a cold request at the same prefix (`choose_piece`):
+    the fitting piece while pieces keep the streams' promise, larger ones when the fixed part eats
+    small pieces (bench day, four streams on one shared KV: 64-token pieces took ~0.7 s, and a
+    warm-up made 249 of a post-summary prompt's 2,428 tokens in the 4 s its user typed); the
+    fitting piece when the strategy would hold. On an idle server only a real request that
+    arrives during a piece waits for the rest of its batch, so pieces of IDLE_STALL ×
+    `max_stall_ms` keep that wait at about one piece while using the server better than small
+    ones (fewer fixed parts)."""
 
     cost: BatchCost
     max_stall_ms: float
@@ -75,4 +80,11 @@ class WarmSizer:
                               largest_piece=largest)
         knobs = ChunkKnobs(max_stall_ms=self.limit_ms(load), n_batch=self.n_batch,
                            prefill_share=self.prefill_share, max_hold_ms=0.0)
-        return fitting_piece(self.cost, situation, knobs)
+        if not load.busy:
+            return fitting_piece(self.cost, situation, knobs)
+        choice = choose_piece(self.cost, situation, knobs)
+        if choice.strategy is Strategy.WHOLE:
+            return remaining
+        if choice.strategy is Strategy.HOLD:
+            return fitting_piece(self.cost, situation, knobs)
+        return choice.piece_tokens
