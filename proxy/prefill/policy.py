@@ -149,7 +149,6 @@ class PrefillPolicy:
         self._use = ServerUse()
         self._plans = ColdPlans()  # rules 4-8 (plans.py)
         self._line = SlotLine(slots)  # rules 12 and 14 (slot_line.py)
-        self._restores = self._line.restores
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._warm_pieces = 0
         self._saving: str | None = None
@@ -164,14 +163,14 @@ class PrefillPolicy:
         wait = (wait_s(self._cost.cost, arrived, restorable, self._n_batch)
                 if restorable is not None and restorable.tokens > 0 else 0.0)
         if restorable is not None and wait > 0:
-            self._restores.add(arrived, restorable, wait)
+            self._line.restores.add(arrived, restorable, wait)
             return [Hold(req_id, "waiting for a slot to restore its kept KV into"),
                     *self._advance(now)]
         return self._arrive(arrived, now)
 
     def on_restored(self, req_id: str, est_new_tokens: int, now: float) -> list[Decision]:
         """Its file is in a slot now; `est_new_tokens` are left to compute."""
-        waiting = self._restores.pop(req_id)
+        waiting = self._line.restores.pop(req_id)
         if waiting is None:
             return []
         req = waiting.req
@@ -183,14 +182,14 @@ class PrefillPolicy:
     def on_restore_failed(self, req_id: str, reason: str, now: float, *,
                           no_slot: bool = False) -> list[Decision]:
         """`no_slot`: no idle slot was found: it waits for the next request to finish."""
-        waiting = self._restores.waiting.get(req_id)
+        waiting = self._line.restores.waiting.get(req_id)
         if waiting is None:
             return []
         waiting.running = False
         if no_slot and now < waiting.until:
             waiting.needs_a_finish = True
             return self._advance(now)
-        self._restores.pop(req_id)
+        self._line.restores.pop(req_id)
         self._notes[req_id] = f"keep_kv: {reason}, computed instead"
         return [*self._arrive(waiting.req, now), *self._advance(now)]
 
@@ -215,7 +214,7 @@ class PrefillPolicy:
         self._line.landed(req_id)
         if not self._use.ended(req_id):
             return []
-        self._restores.a_request_finished()
+        self._line.restores.a_request_finished()
         return self._advance(now)
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
@@ -385,11 +384,11 @@ class PrefillPolicy:
 
     def _restore_step(self, now: float) -> list[Decision]:
         out: list[Decision] = []
-        for waiting in self._restores.expired(now):
+        for waiting in self._line.restores.expired(now):
             self._notes[waiting.req.req_id] = ("keep_kv: no slot came free to restore into "
                                               "in time, computed instead")
             out.extend(self._arrive(waiting.req, now))
-        started = self._restores.start(0 if self._saving else self._line.free(self._taken()))
+        started = self._line.restores.start(0 if self._saving else self._line.free(self._taken()))
         return [*out, *(Restore(r) for r in started)]
 
     def _unclaim(self, now: float) -> list[Decision]:
