@@ -130,7 +130,7 @@ class ColdPlans:
 
         def key(plan: HeldRequest) -> tuple[int, float, float]:
             due = plan.due_at(cost, n_batch)
-            return (0, due, 0.0) if due <= now else (1, float(plan.rest), plan.req.now)
+            return (0, due, 0.0) if due <= now else (1, *plan.rest_key())
 
         order = sorted(self.held.values(), key=key)
         self._next = order[0].req.req_id if order else None
