@@ -81,6 +81,55 @@ class TestRule1ColdOrNot:
         busy(p)
         assert p.on_arrival("x", 100, 50_000, 1.0) == [Admit("x", "not cold")]
 
+    def test_a_rest_under_cold_tokens_that_would_freeze_the_streams_goes_in_pieces(self) -> None:
+        """bench day: a post-summary turn warmed to 1,198 new tokens (under `cold_tokens`) went
+        whole and froze every stream 5.8 s. On a machine that computes 100 tokens/s, 1,200
+        tokens whole would stall the stream 12 s (over 8 × 256.5 ms): fed in pieces, and its
+        record says why."""
+        p = policy(tps=100.0)
+        busy(p)
+        decided = p.on_arrival("w", 1200, 5000, 0.0)
+        assert kinds(decided) == ["Hold", "FeedPiece"]
+        done, released, now = 3800, list[object](), 0.0
+        while not released and now < 120.0:
+            for d in decided:
+                if isinstance(d, FeedPiece):
+                    assert done < d.upto_tokens < 5000
+                    now += (d.upto_tokens - done) / 100.0
+                    tokens = d.upto_tokens - done
+                    decided = p.on_piece_done("w", tokens, tokens * 10.0, now)
+                    done = d.upto_tokens
+                    break
+                if not isinstance(d, Hold):
+                    released.append(d)
+            else:
+                now += 0.5
+                decided = p.on_tick(now)
+        [sent] = released
+        assert isinstance(sent, Forward) and sent.reason.startswith(
+            "cold: sent whole, its 1,200 new tokens would stall 1 generating for ~12.0 s "
+            "(over 8 × max_stall_ms); ")
+
+    def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
+        idle = policy(tps=100.0)
+        assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
+        fast = policy(tps=1000.0)  # 1.2 s whole: under 8 × 256.5 ms
+        busy(fast)
+        assert fast.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
+
+    def test_a_short_turn_goes_whole_however_slow_the_machine(self) -> None:
+        """Under 512 new tokens a prompt is a short turn's: pieces would cost its own first token
+        a pause each, for a stall the streams take from every short turn."""
+        p = policy(tps=50.0)
+        busy(p)
+        assert p.on_arrival("t", 500, 6000, 0.0) == [Admit("t", "not cold")]
+
+    def test_cold_by_its_stall_only_is_sent_not_refused_when_the_line_is_full(self) -> None:
+        p = policy(tps=100.0, max_waiting=0)
+        busy(p)
+        assert kinds(p.on_arrival("c", 5000, 5000, 0.0))[0] == "Hold"
+        assert p.on_arrival("w", 1200, 5000, 0.5) == [Admit("w", "not cold")]
+
 
 class TestRule2ModeOff:
     def test_everything_admitted(self) -> None:

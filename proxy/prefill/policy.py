@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCostModel
+from proxy.prefill.cold import cold_reason
 from proxy.prefill.events import (
     Admit,
     Arrived,
@@ -42,9 +43,12 @@ class PrefillPolicy:
     """Decides, per request, Admit / Hold / FeedPiece / Restore / Save / Forward / Reject / CancelPiece.
 
     Rules (tests/test_policy.py follows them one to one):
-     1. A request is cold when its estimated new tokens are >= `cold_tokens`. Any other request is
-        admitted at once and never waits behind a cold one (but see rule 12's kept slots and rule
-        14's claimed slot).
+     1. A request is cold when its estimated new tokens are >= `cold_tokens`; in `chunk`, while
+        others generate, also one of at least MIN_PIECED_TOKENS whose batch, sent whole, is
+        predicted to stall them longer than WHOLE_STALLS × `max_stall_ms` (cold.py: a warmed
+        post-summary rest under `cold_tokens` froze every stream 6-7 s in `bench day`). Any other
+        request is admitted at once and never waits behind a cold one (but see rule 12's kept
+        slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
@@ -326,7 +330,13 @@ class PrefillPolicy:
     def _arrive(self, req: Arrived, now: float) -> list[Decision]:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
-        goes_now = self._cfg.mode == "off" or req.est_new_tokens < self._cfg.cold_tokens
+        cold = (None if self._cfg.mode == "off"
+                else cold_reason(self._cfg, self._cost.cost, req, self._n_batch,
+                                 self._use.decoders()))
+        if (cold is not None and req.est_new_tokens < self._cfg.cold_tokens
+                and len(self._plans) > self._cfg.max_waiting):
+            cold = None  # cold by its stall only: sent whole rather than refused
+        goes_now = cold is None
         taken = self._taken()
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
             return [Hold(req_id, self._line.hold(req))]
@@ -344,10 +354,12 @@ class PrefillPolicy:
                else "waiting for its turn" if self._plans else "others generating" if self._use
                else "a warm-up's piece in flight" if self._warm_pieces
                else "a save of kept KV in flight")
+        if req.est_new_tokens < self._cfg.cold_tokens:  # cold by its stall: the record says so
+            self._notes[req_id] = self._noted(req_id, str(cold))
         self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
         decided = self._advance(now)
-        if decided and decided[0] == Admit(req_id, "cold, nobody generating"):
-            return decided  # rule 7: short enough to go whole
+        if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
+            return decided  # released at once (rule 7: short enough to go whole)
         return [Hold(req_id, why), *decided]
 
     def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:

@@ -1,0 +1,42 @@
+"""Which requests are cold (rule 1 of `PrefillPolicy`): by their new tokens, and, while others
+generate, by how long sending them whole would stall the streams. Pure: numbers in, a reason out.
+"""
+
+from __future__ import annotations
+
+from proxy.config import PrefillConfig
+from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.events import Arrived
+
+WHOLE_STALLS = 8.0
+"""A request under `cold_tokens` is cold all the same when, sent whole beside the streams, its
+batch is predicted to stall them longer than this × `max_stall_ms`. Seen in `bench day` (one shared
+KV, four streams, this CPU): a post-summary rest of 1,198-1,389 tokens, warmed to under
+`cold_tokens`, went whole and froze every stream for 5.8-6.9 s, the day's longest gap; short turns
+of 130-300 tokens froze them 1.4-3.4 s, the day's next longest, at under this × 160 ms."""
+
+MIN_PIECED_TOKENS = 512
+"""...but only from this many new tokens (llama-server's default micro-batch): cut smaller, a
+prompt is a short turn's, and its own first token would pay one pause or more per piece for a
+stall the streams already take from every short turn of the day."""
+
+
+def cold_reason(cfg: PrefillConfig, cost: BatchCost, req: Arrived, n_batch: int,
+                decoders: int) -> str | None:
+    """Why `req` is cold, or None when it is not. `decoders`: the requests generating now."""
+    if req.est_new_tokens >= cfg.cold_tokens:
+        return f"cold ({req.est_new_tokens:,} new tokens >= cold_tokens {cfg.cold_tokens:,})"
+    if cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS:
+        return None
+    stall_ms = whole_stall_ms(cost, req, n_batch, decoders)
+    if stall_ms <= WHOLE_STALLS * cfg.max_stall_ms:
+        return None
+    return (f"cold: sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
+            f"generating for ~{stall_ms / 1000.0:.1f} s (over {WHOLE_STALLS:g} × max_stall_ms)")
+
+
+def whole_stall_ms(cost: BatchCost, req: Arrived, n_batch: int, decoders: int) -> float:
+    """The longest batch of `req`'s new tokens sent whole beside `decoders` streams: what each
+    of them waits for its next token."""
+    cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
+    return cost.batch_ms(min(req.est_new_tokens, max(1, n_batch)), cached, decoders)
