@@ -121,6 +121,22 @@ class TestWorkload:
         assert ([r["id"] for r in work.copied], work.dropped, len(work.jobs)) == (["e"], 1, 1)
 
 
+    def test_a_client_that_left_before_its_size_was_logged_still_holds_a_place(self) -> None:
+        """A request starved of a batch (other LoRA settings) held a slot until its client left;
+        its record has no sizes: it is replayed with the log's median prompt, and its record
+        says no sizes either."""
+        starved = {**record("s", 0.0, "x", 10, 0, 1), "outcome": "client_gone",
+                   "total_ms": 100_000.0, "timings": None, "prompt_tokens": None,
+                   "computed_tokens": None, "events": 0}
+        after = record("a", 1.0, "a", 1000, 0, 50)
+        work = build_workload(loaded([starved, after]))
+        assert work.guessed == ["s"] and [j.id for j in work.jobs] == ["s", "a"]
+        one = played(loaded([starved, after]), recorded=("parallel=1", "kv_unified=false"))
+        out = {r.id: r for r in one.outcome.records}
+        assert out["s"].prompt_tokens is None and out["s"].timings is None
+        assert (out["a"].ttft_ms or 0) > 2000.0  # it waited for the one slot (alone: ~0.9 s)
+
+
 class TestCalibration:
     def test_the_log_gives_back_the_machine_it_was_played_on(self,
                                                            recorded_day: list[dict[str, Any]]) -> None:

@@ -206,6 +206,24 @@ class TestRule5BatchTime:
         assert a.tokens == pytest.approx([first, first + 0.02, first + 0.04])
 
 
+    def test_with_one_shared_kv_a_token_attends_to_its_own_cells_only(self) -> None:
+        """The testbed's decode steps grew with the generating slots' own cells, not with what
+        the other slots held (docs/whatif.md, 2026-12-02): the mask hides the other cells."""
+        costs = dataclasses.replace(COSTS, decode_per_kctx_ms=10.0, per_token_per_kctx_ms=1.0)
+        times = []
+        for other in (0, 20_000):
+            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
+            if other:
+                server.preload([seq(9, other)], None)
+            a = task("a", seq(1, 1000), 3)
+            run(server, [(0.0, a)])
+            times.append(a.tokens)
+        assert times[0] == pytest.approx(times[1])
+        first = (2 * 10 + 1000 + 1.0 * 1000 * 0.5) / 1000.0
+        step = (20 + 10.0 * 1.0) / 1000.0  # its 1,000 cells; the first sampled token is not in yet
+        assert times[0][:2] == pytest.approx([first, first + step])
+
+
 class TestRule6Tokens:
     def test_a_task_ends_at_n_predict_and_its_slot_keeps_prompt_and_reply(self) -> None:
         server = model(parallel=1)

@@ -16,7 +16,6 @@ keeps its default and is reported as assumed. Pure.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ import numpy as np
 from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row, nonnegative_lstsq
 from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
-from proxy.report.tasks import Task, task_to_span
 from proxy.whatif.costs import Costs
 from proxy.whatif.settings import ServerSettings
 from proxy.whatif.stepcost import prompt_alone_ms
@@ -54,6 +52,8 @@ class PrefillObs:
     """Micro-batches of its prompt tokens."""
     apart: float = 0.0
     """Micro-batches of the decode tokens beside it (a KV per slot gives them their own)."""
+    dec_kctx: float = 0.0
+    """Thousands of cells the decode tokens beside it attend to, each batch (their own cells)."""
 
     def row(self, n_ubatch: int) -> tuple[float, float, float, float, float]:
         ub = max(1, n_ubatch)
@@ -81,12 +81,12 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
 
-def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings
-               ) -> PrefillObs:
+def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings,
+               dec_kctx: float = 0.0) -> PrefillObs:
     batches = max(1, math.ceil(tokens / max(1, server.n_batch)))
     apart = 0.0 if server.kv_unified else batches * min(1.0, decoders)
     return PrefillObs(tokens, ctx, ms, decoders, batches,
-                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart)
+                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart, dec_kctx)
 
 
 def observations(spans: Sequence[Span], server: ServerSettings
@@ -149,20 +149,6 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
-    """One observation per iteration between two prompt-progress lines of a server task (printed
-    once a prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
-    index = SpanIndex([s for t in tasks if (s := task_to_span(t)) is not None])
-    out = []
-    for task in tasks:
-        cache = task.cache_n or 0
-        for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
-            if n1 > n0 and t1 > t0:
-                beside = _decoding(index, Span(task.key, t0, t1), t0, t1)
-                out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, beside, server))
-    return out
-
-
 def lora_switch_ms(spans: Sequence[Span], costs: Costs, server: ServerSettings) -> float | None:
     """What a change of LoRA settings adds to a prompt computed alone: the median excess over the
     costs' prediction of prompts whose settings differ from the previous prompt's, less that of
@@ -190,16 +176,16 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
     """Costs fitted to the observations; what they cannot tell stays at `base` (assumed)."""
     costs = base if base is not None else Costs()
     cal = Calibration(costs, prefills=len(prefills), decodes=len(decodes))
-    if prefills:
-        cal.costs = _fit_prefill(cal, prefills, n_ubatch)
-    else:
-        cal.notes.append("prefill: no prompt of 256+ tokens computed alone in the log: its costs "
-                         "are assumed (give them with --costs)")
     if decodes:
         cal.costs = _fit_decode(cal, decodes)
     else:
         cal.notes.append("decode: no reply of 16+ tokens generated mostly without a prompt beside it: "
                          "its costs are assumed")
+    if prefills:
+        cal.costs = _fit_prefill(cal, prefills, n_ubatch)
+    else:
+        cal.notes.append("prefill: no prompt of 256+ tokens computed alone in the log: its costs "
+                         "are assumed (give them with --costs)")
     if not any(o.decoders > 0 for o in prefills):
         cal.costs = cal.costs.with_values({"per_decoder_ms": cal.costs.per_slot_ms}, "assumed")
         cal.notes.append("prefill.per_decoder_ms: no prefill had a decoding slot beside it; taken "
@@ -208,10 +194,13 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
 
 
 def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> Costs:
+    """The decode tokens' attention beside each prompt is the decode fit's (the server model adds
+    it to every batch they ride in), so it is taken out of the times first."""
     rows = [o.row(n_ubatch) for o in obs]
-    ys = [o.ms for o in obs]
-    level = float(np.median([o.ms / max(1e-9, PRIOR.time_ms(r)) for o, r in zip(obs, rows,
-                                                                                    strict=True)]))
+    per_kctx = cal.costs.decode_per_kctx_ms
+    ys = [max(0.05 * o.ms, o.ms - per_kctx * o.dec_kctx * o.batches) for o in obs]
+    level = float(np.median([y / max(1e-9, PRIOR.time_ms(r)) for y, r in zip(ys, rows,
+                                                                                 strict=True)]))
     weight = PRIOR_SHARE * max(ys)
     prior = [batch_row(*shape) for shape in PRIOR_SHAPES]
     a = np.array(rows + prior, dtype=np.float64)

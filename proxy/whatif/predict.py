@@ -5,6 +5,7 @@ No terminal and no files here (`cli.py` reads and writes them).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,9 +13,10 @@ from typing import Any
 
 import orjson
 
+from proxy.record.schema import Record
 from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
 from proxy.report.serverlog import parse_server_log
-from proxy.report.tasks import rebuild_tasks, task_to_span
+from proxy.report.tasks import Task, rebuild_tasks
 from proxy.whatif.calibrate import (
     Calibration,
     PrefillObs,
@@ -22,12 +24,12 @@ from proxy.whatif.calibrate import (
     fit_rates,
     lora_switch_ms,
     observations,
-    progress_obs,
 )
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
+from proxy.whatif.serverobs import decode_obs, progress_obs, task_prefill_obs, used_before
 from proxy.whatif.settings import (
     ServerSettings,
     Settings,
@@ -82,16 +84,24 @@ def settings_of(inputs: Inputs) -> tuple[Settings, Settings, dict[str, Any], lis
     return recorded, apply(recorded, inputs.sets, data), data, notes
 
 
-def calibrate(inputs: Inputs, server: ServerSettings) -> Calibration:
+def server_tasks(inputs: Inputs) -> list[Task] | None:
+    if inputs.server_log is None:
+        return None
+    return rebuild_tasks(parse_server_log(inputs.server_log).events)
+
+
+def calibrate(inputs: Inputs, server: ServerSettings,
+              tasks: Sequence[Task] | None = None) -> Calibration:
     spans = [record_to_span(r) for r in inputs.records
              if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
     prefills, decodes = observations(spans, server)
     steps: list[PrefillObs] = []
-    if inputs.server_log is not None:
-        tasks = rebuild_tasks(parse_server_log(inputs.server_log).events)
-        task_spans = [s for t in tasks if (s := task_to_span(t)) is not None]
-        if not spans:
-            prefills, decodes = observations(task_spans, server)
+    if tasks is None and inputs.server_log is not None:
+        tasks = server_tasks(inputs)
+    if tasks is not None:
+        # the server's own times of its batches, where it has them, rather than the clients'
+        prefills = task_prefill_obs(tasks, server) or prefills
+        decodes = decode_obs(tasks) or decodes
         steps = progress_obs(tasks, server)
     cal = fit([*prefills, *steps], decodes, server.n_ubatch)
     cal.prefills, cal.steps = len(prefills), len(steps)
@@ -108,9 +118,12 @@ def calibrate(inputs: Inputs, server: ServerSettings) -> Calibration:
 def predict(inputs: Inputs) -> Prediction:
     began = time.perf_counter()
     recorded, whatif, _, notes = settings_of(inputs)
-    cal = calibrate(inputs, recorded.server)
-    workload = reconciled(inputs.records, recorded, cal.costs)
+    tasks = server_tasks(inputs)
+    cal = calibrate(inputs, recorded.server, tasks)
+    workload = reconciled(inputs.records, recorded, cal.costs,
+                          used_before(tasks, inputs.records) if tasks else [])
     outcome = Replay(workload, whatif, cal.costs).run()
+    outcome.records = unsized(outcome.records, set(workload.guessed))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
                    + [(str(r.get("start")), _line(r)) for r in workload.copied])
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
@@ -128,6 +141,10 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     if whatif.config.keep_kv.enabled:
         notes.append("keep_kv: not modelled yet: no conversation is saved or restored (restores "
                      "in the log are computed again)")
+    if workload.guessed:
+        notes.append(f"{len(workload.guessed)} requests whose client left before their size was "
+                     f"logged ({', '.join(workload.guessed[:5])}) replayed with the median prompt, "
+                     "nothing cached")
     if workload.dropped:
         notes.append(f"warm-ups, saves and restores: {workload.dropped} records of them left out; "
                      "what they computed is computed by the requests")
@@ -138,17 +155,30 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     return notes
 
 
-def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs) -> Workload:
+def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
+               used: Sequence[int] = ()) -> Workload:
     """The workload, with the clients taken to have come back to their history (requests.py)
     checked against a replay of the recorded settings: where that replay finds cached what the
     recording did not, the history was rewritten, not lost."""
     workload = build_workload(records)
+    workload.used_before = list(used)
     if not workload.returns:
         return workload
     found = Replay(workload, recorded, costs, records=False).run().cache_found
     rewritten = {j.id for j in workload.jobs if j.shared > j.recorded_cache and
                  found.get(j.id, 0) > j.recorded_cache + max(64, j.prompt_tokens // 10)}
-    return build_workload(records, rewritten=rewritten) if rewritten else workload
+    if not rewritten:
+        return workload
+    again = build_workload(records, rewritten=rewritten)
+    again.used_before = list(used)
+    return again
+
+
+def unsized(records: list[Record], guessed: set[str]) -> list[Record]:
+    """The guessed requests' records without the sizes and timings the log did not have: the
+    replay gave them a prompt to hold their place, not a size to report."""
+    return [dataclasses.replace(r, prompt_tokens=None, computed_tokens=None, timings=None)
+            if r.id in guessed else r for r in records]
 
 
 def _line(record: RecordLine) -> bytes:

@@ -60,7 +60,7 @@ class Replay:
         self.work, self.settings, self.costs = workload, settings, costs
         cfg = settings.config
         self.server = ServerModel(settings.server, costs)
-        self.server.preload(workload.before_log)
+        self.server.preload(workload.before_log, workload.used_before)
         self.witness = Witness(build=records)
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))

@@ -83,6 +83,11 @@ class Workload:
     before_log: list[Seq] = field(default_factory=list)
     """Sequences some prompt found cached that no earlier request in the log explains."""
     returns: int = 0
+    used_before: list[int] = field(default_factory=list)
+    """Slots the server's log shows used before the first request, oldest first."""
+    guessed: list[str] = field(default_factory=list)
+    """Requests whose client left before the server said their prompt's size: replayed with the
+    log's median prompt (they held a slot or a place in the queue all the same)."""
 
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
@@ -92,6 +97,7 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
     records = sorted(records, key=start_of)
     work = Workload()
     typical = _typical_generated(records)
+    usual_prompt = _typical_prompt(records)
     ids = SegmentIds()
     by_client: dict[str | None, list[Job]] = {}
     for record in records:
@@ -100,6 +106,9 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
             work.dropped += 1
             continue
         shape = _shape(record, typical)
+        if shape is None and _left_unsized(record):
+            shape = _Shape(usual_prompt, 0, typical)
+            work.guessed.append(str(record.get("id")))
         if kind not in COMPLETION_KINDS or record.get("outcome") not in REPLAYED or shape is None:
             work.copied.append(record)
             continue
@@ -138,6 +147,18 @@ def _shape(record: RecordLine, typical: int) -> _Shape | None:
     if generated is None or record.get("outcome") != "done":
         generated = max(float(typical), float(num(record, "events") or 0))
     return _Shape(prompt, cache, max(1, int(generated)))
+
+
+def _left_unsized(record: RecordLine) -> bool:
+    """A model request whose client left before its timings came (a stream cut, or one that never
+    got a slot's batch): it took a place all the same, its size is unknown."""
+    return (record.get("kind") in COMPLETION_KINDS and record.get("outcome") == "client_gone"
+            and num(record, "total_ms") is not None)
+
+
+def _typical_prompt(records: Sequence[RecordLine]) -> int:
+    sizes = [int(n) for r in records if (n := num(r, "prompt_tokens")) is not None and n >= 1]
+    return int(statistics.median(sizes)) if sizes else 1024
 
 
 def _typical_generated(records: Sequence[RecordLine]) -> int:

@@ -95,8 +95,9 @@ class ServerModel:
 
     # ---- the outside -----------------------------------------------------------------------
 
-    def preload(self, seqs: list[Seq]) -> None:
+    def preload(self, seqs: list[Seq], used_before: list[int] | None = None) -> None:
         self.table.preload(seqs)
+        self.table.used_before(used_before or [])
 
     def submit(self, task: Task, now: float) -> None:
         self.table.queue.append(task)
@@ -218,12 +219,10 @@ class ServerModel:
         return False
 
     def _time(self, runs: list[tuple[Slot, int]], decoders: list[Slot]) -> float:
-        unified = self.settings.kv_unified
-        pool = sum(s.held.n for s in self.slots) if unified else 0
-        dec_ctx = [pool if unified else s.held.n for s in decoders]
-        prompt = [PromptRun(n, pool if unified else s.held.n) for s, n in runs]
+        dec_ctx = [s.held.n for s in decoders]
+        prompt = [PromptRun(n, s.held.n) for s, n in runs]
         return batch_ms(self.costs, dec_ctx, prompt, n_ubatch=self.settings.n_ubatch,
-                        unified=unified)
+                        unified=self.settings.kv_unified)
 
     def _post_decode(self, batch: _Batch, out: list[Happening]) -> None:
         t = batch.end
@@ -273,10 +272,8 @@ class ServerModel:
         steps = min(left)
         if steps <= 1 or batch.end >= horizon:
             return
-        unified = self.settings.kv_unified
-        pool = sum(s.held.n for s in self.slots)
-        attended = pool * len(decoders) if unified else sum(s.held.n for s in decoders)
-        growth = len(decoders) ** 2 if unified else len(decoders)
+        attended = sum(s.held.n for s in decoders)
+        growth = len(decoders)
         times = decode_steps_ms(self.costs, len(decoders), attended + growth, growth, steps - 1)
         ends = batch.end + np.cumsum(times) / 1000.0
         taken = min(steps - 1, 1 + int(np.searchsorted(ends, horizon, side="left")))

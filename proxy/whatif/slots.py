@@ -76,6 +76,13 @@ class Slots:
                 if empty is not None:
                     empty.held = held
 
+    def used_before(self, ids: list[int]) -> None:
+        """Slots used before the log began, oldest first: more recently used than a slot never
+        used (t_last -1), less than any in the log."""
+        for order, sid in enumerate(ids):
+            if 0 <= sid < len(self.slots):
+                self.slots[sid].t_last = float(order)
+
     def cancel(self, task: Task) -> bool:
         """Rule 8: a queued task disappears; True if it runs in a slot (released later)."""
         task.cancelled = True

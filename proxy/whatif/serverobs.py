@@ -1,0 +1,133 @@
+"""Cost observations from llama-server's own log, which times the batches themselves: each task's
+prompt time (`prompt eval time`), each step between two prompt-progress lines, and the decode steps
+between two generation-progress lines (`n_gen`). Its times hold no HTTP, tokenising or queueing,
+so short prompts count too. Pure: rebuilt tasks in, observations out.
+
+A prompt or a step counts when no other task computed prompt tokens beside it (their batches would
+be in its time); a decode window counts when no other task computed prompt tokens in it and no task
+started or stopped generating in it. Each is priced against the decoding slots beside it and the
+cells those attend to: their own cells (the prompt, what was cached and what they generated), not
+every slot's. With one shared KV a decode step costs the same whatever the other slots hold
+(measured on the testbed, docs/whatif.md); the attention skips cells the mask hides.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from proxy.report.records import RecordLine, start_of, timing
+from proxy.report.tasks import Task
+from proxy.whatif.calibrate import DecodeObs, PrefillObs, prompt_obs
+from proxy.whatif.settings import ServerSettings
+
+MIN_TASK_PROMPT = 16
+"""A task's prompt shorter than this is too close to a decode step to tell the batch costs apart."""
+MIN_WINDOW_STEPS = 8
+
+
+def _prefill(task: Task) -> tuple[float, float] | None:
+    """When the task computed prompt tokens; a task with no timings (cancelled, cut off) is taken
+    to have computed them from its launch to its end."""
+    start, first = task.prefill_start_s, task.decode_start_s
+    if start is not None and first is not None:
+        return start, first
+    end = task.end_s if task.end_s is not None else task.start_s
+    return (task.start_s, max(end, task.progress[-1][0] if task.progress else end))
+
+
+def _cells(task: Task, t: float) -> float:
+    """The cells a generating task's slot holds at `t`."""
+    first = task.decode_start_s
+    held = (task.cache_n or 0) + (task.prompt_n or 0)
+    if first is None or not task.predicted_ms or not task.predicted_n or t <= first:
+        return float(held)
+    return held + min(1.0, (t - first) / (task.predicted_ms / 1000.0)) * task.predicted_n
+
+
+class _Day:
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self.tasks = tasks
+        self.prefills = [(t, p) for t in tasks if (p := _prefill(t)) is not None]
+        self.gen = [t for t in tasks if t.decode_start_s is not None and t.end_s is not None]
+
+    def prompt_beside(self, task: Task | None, t0: float, t1: float) -> bool:
+        return any(o is not task and a < t1 and b > t0 for o, (a, b) in self.prefills)
+
+    def decoding(self, task: Task | None, t0: float, t1: float) -> list[Task]:
+        """Tasks generating through the whole of (t0, t1)."""
+        return [o for o in self.gen if o is not task and (o.decode_start_s or 0) <= t0
+                and (o.end_s or 0) >= t1]
+
+    def changes(self, t0: float, t1: float) -> bool:
+        """A task started or stopped generating inside (t0, t1)."""
+        return any(t0 < (o.decode_start_s or 0) < t1 or t0 < (o.end_s or 0) < t1
+                   for o in self.gen)
+
+
+def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
+    """One observation per task whose prompt was computed with no other prompt beside it."""
+    day = _Day(tasks)
+    out = []
+    for task in day.gen:
+        p0, p1 = task.prefill_start_s, task.decode_start_s
+        n, ms = task.prompt_n, task.prompt_ms
+        if p0 is None or p1 is None or not n or n < MIN_TASK_PROMPT or not ms:
+            continue
+        if day.prompt_beside(task, p0, p1) or day.changes(p0, p1):
+            continue
+        beside = day.decoding(task, p0, p1)
+        kctx = sum(_cells(o, p0) for o in beside) / 1000.0
+        out.append(prompt_obs(n, task.cache_n or 0, ms, float(len(beside)), server, kctx))
+    return out
+
+
+def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
+    """One observation per iteration between two prompt-progress lines of a task (printed once a
+    prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
+    day = _Day(tasks)
+    out = []
+    for task in tasks:
+        cache = task.cache_n or 0
+        for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
+            if n1 <= n0 or t1 <= t0 or day.prompt_beside(task, t0, t1) or day.changes(t0, t1):
+                continue
+            beside = day.decoding(task, t0, t1)
+            kctx = sum(_cells(o, t0) for o in beside) / 1000.0
+            out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, float(len(beside)),
+                                  server, kctx))
+    return out
+
+
+def decode_obs(tasks: Sequence[Task]) -> list[DecodeObs]:
+    """One observation per window between two generation-progress lines of a task in which only
+    decode steps ran: its steps, their mean time, the slots generating and the cells they attend."""
+    day = _Day(tasks)
+    out = []
+    for task in day.gen:
+        for (t0, n0, _), (t1, n1, _) in itertools.pairwise(task.tg):
+            steps = n1 - n0
+            if steps < MIN_WINDOW_STEPS or t1 <= t0 or day.prompt_beside(None, t0, t1) \
+                    or day.changes(t0, t1):
+                continue
+            slots = day.decoding(None, t0, t1)
+            mid = (t0 + t1) / 2
+            kctx = sum(_cells(o, mid) for o in slots) / 1000.0
+            out.append(DecodeObs(steps, (t1 - t0) * 1000.0 / steps, float(len(slots)), kctx))
+    return out
+
+
+def used_before(tasks: Sequence[Task], records: Sequence[RecordLine]) -> list[int]:
+    """The slots tasks ran in before the log's first request reached the server (a health check,
+    a warm-up), oldest first: the least-recently-used choice of every later slot depends on them.
+    The first request with timings is found by its prompt and reply sizes."""
+    first = next((r for r in sorted(records, key=start_of)
+                  if timing(r, "prompt_n") is not None and timing(r, "predicted_n")), None)
+    if first is None:
+        return []
+    sizes = (timing(first, "prompt_n"), timing(first, "predicted_n"))
+    match = next((t for t in tasks if (t.prompt_n, t.predicted_n) == sizes), None)
+    if match is None:
+        return []
+    return [t.slot for t in tasks if t.start_s < match.start_s and t.end_s is not None
+            and t.end_s <= match.start_s]
