@@ -27,6 +27,7 @@ from proxy.whatif.settings import (
     apply,
     server_log_settings,
 )
+from proxy.whatif.stepcost import PromptRun, batch_ms
 from proxy.whatif.synth import day, field_scene, loaded, record
 
 DATA = Path(__file__).parent / "data"
@@ -171,7 +172,10 @@ class TestCalibration:
         lines = (DATA / "server-excerpt.log").read_text().splitlines()
         prediction = predict(Inputs(loaded(field_scene()), server_log=lines))
         assert prediction.calibration.steps >= 5  # 2,000 tokens every 2 s: 1 ms a token
-        assert prediction.costs.per_token_ms == pytest.approx(1.0, rel=0.1)
+        for ctx in (4000, 12_000):  # beside the one slot decoding (its own micro-batch)
+            step = batch_ms(prediction.costs, [400], [PromptRun(2000, ctx)], n_ubatch=512,
+                            unified=False)
+            assert step == pytest.approx(2000.0, rel=0.1)
         assert prediction.recorded.server.parallel == 2
 
     def test_what_the_log_cannot_tell_is_said(self) -> None:

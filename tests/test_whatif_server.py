@@ -224,6 +224,34 @@ class TestRule5BatchTime:
         assert times[0][:2] == pytest.approx([first, first + step])
 
 
+    def test_with_one_shared_kv_prompt_tokens_scan_the_other_slots_cells(self) -> None:
+        """The mask of every cell is read for each tile of queries: a prompt costs more beside a
+        full cache, a decode step does not."""
+        costs = dataclasses.replace(COSTS, per_token_per_kv_ms=0.1)
+        tokens = []
+        for other in (0, 20_000):
+            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
+            if other:
+                server.preload([seq(9, other)], None)
+            a = task("a", seq(1, 1000), 3)
+            run(server, [(0.0, a)])
+            tokens.append(a.tokens)
+        assert tokens[1][0] - tokens[0][0] == pytest.approx(0.1 * 1000 * 20_000 / 1000 / 1000.0)
+        assert tokens[1][2] - tokens[1][1] == pytest.approx(tokens[0][2] - tokens[0][1])
+
+    def test_a_decode_token_in_a_prompts_batch_pays_for_its_cells(self) -> None:
+        firsts = []
+        for price in (0.0, 50.0):
+            costs = dataclasses.replace(COSTS, per_decoder_kctx_ms=price)
+            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
+            a = task("a", seq(1, 2000), 10)
+            b = task("b", seq(2, 100), 1)
+            run(server, [(0.0, a), (2.1, b)])
+            firsts.append(b.tokens[0])
+        # a's ~2,003 cells at 64 rows' price, in the one batch b's prompt shares with a's token
+        assert firsts[1] - firsts[0] == pytest.approx(50.0 * 2.003 / 1000.0, abs=2e-4)
+
+
 class TestRule6Tokens:
     def test_a_task_ends_at_n_predict_and_its_slot_keeps_prompt_and_reply(self) -> None:
         server = model(parallel=1)

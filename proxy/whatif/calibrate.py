@@ -1,13 +1,14 @@
 """The server model's costs, fitted from what a day's log shows, in the prefill gate's batch-cost form.
 
 Prefill: every prompt of at least MIN_PROMPT tokens computed while no other prompt was (its prefill
-time, its cached prefix, the decoding slots beside it on average), and every step of llama-server's
-prompt-progress lines (the field report's batch-size table), each one observation of the five
-coefficients; fitted by non-negative least squares on the time (so a day's long prefills weigh
-most), the prior's shapes at 3 % keeping what the day cannot tell apart at the prior's proportions.
-Decode: every reply of at least MIN_STEPS tokens, its mean step with the other prompts computed in
-its window taken out (their time and one step per batch of theirs), against the slots generating
-beside it and the context they attend to. A LoRA
+time, its cached prefix, the decoding slots beside it on average), or with llama-server's log every
+task's own prompt time and every step of its prompt-progress lines (serverobs.py), each one
+observation of the batch cost's coefficients; fitted by non-negative least squares on the time
+relative to its square root, the prior's shapes at 3 % keeping what the day cannot tell apart at
+the prior's proportions. Decode, fitted first: with llama-server's log the steps between its
+generation-progress lines; else every reply of at least MIN_STEPS tokens, its mean step with the
+other prompts computed in its window taken out (their time and one step per batch of theirs),
+against the slots generating beside it and the context they attend to. A LoRA
 switch: what prompts computed alone after other LoRA settings take over the prediction.
 A coefficient the observations cannot tell (no decoding slot beside a prefill, one context size)
 keeps its default and is reported as assumed. Pure.
@@ -54,13 +55,20 @@ class PrefillObs:
     """Micro-batches of the decode tokens beside it (a KV per slot gives them their own)."""
     dec_kctx: float = 0.0
     """Thousands of cells the decode tokens beside it attend to, each batch (their own cells)."""
+    others_kv: float = 0.0
+    """Thousands of cells the other slots held in one shared KV meanwhile."""
 
-    def row(self, n_ubatch: int) -> tuple[float, float, float, float, float]:
+    def row(self, n_ubatch: int) -> tuple[float, float, float, float, float, float, float]:
+        """Its features, in the order a, b, c, e, g of the batch cost, then the decode tokens'
+        cells in micro-batches shared with it and the other slots' cells its mask covers (both
+        one shared KV)."""
         ub = max(1, n_ubatch)
         read = self.micro * self.ctx + ub * self.micro * (self.micro - 1) / 2
+        shared = 0.0 if self.apart else self.dec_kctx * self.batches
         return (self.micro + self.apart, float(self.tokens),
                 self.tokens * (self.ctx + self.tokens / 2) / 1000.0,
-                self.decoders * self.batches, read / 1000.0)
+                self.decoders * self.batches, read / 1000.0, shared,
+                0.0 if self.apart else self.tokens * self.others_kv)
 
 
 @dataclass(frozen=True)
@@ -82,11 +90,12 @@ class Calibration:
 
 
 def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings,
-               dec_kctx: float = 0.0) -> PrefillObs:
+               dec_kctx: float = 0.0, others_kv: float = 0.0) -> PrefillObs:
     batches = max(1, math.ceil(tokens / max(1, server.n_batch)))
     apart = 0.0 if server.kv_unified else batches * min(1.0, decoders)
     return PrefillObs(tokens, ctx, ms, decoders, batches,
-                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart, dec_kctx)
+                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart, dec_kctx,
+                      others_kv if server.kv_unified else 0.0)
 
 
 def observations(spans: Sequence[Span], server: ServerSettings
@@ -195,18 +204,23 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
 
 def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> Costs:
     """The decode tokens' attention beside each prompt is the decode fit's (the server model adds
-    it to every batch they ride in), so it is taken out of the times first."""
+    it to every batch they ride in), so it is taken out of the times first. A decode token in a
+    prompt's batch is one more row of its matmuls (`per_decoder_ms` = `per_token_ms`); what it
+    costs beyond that comes from the cells it attends to (`per_decoder_kctx_ms`, one shared KV):
+    fitting both, a day whose batches always had two decoders beside them cannot tell them apart."""
     rows = [o.row(n_ubatch) for o in obs]
     per_kctx = cal.costs.decode_per_kctx_ms
     ys = [max(0.05 * o.ms, o.ms - per_kctx * o.dec_kctx * o.batches) for o in obs]
-    level = float(np.median([y / max(1e-9, PRIOR.time_ms(r)) for y, r in zip(ys, rows,
-                                                                                 strict=True)]))
-    weight = PRIOR_SHARE * max(ys)
-    prior = [batch_row(*shape) for shape in PRIOR_SHAPES]
+    level = float(np.median([y / max(1e-9, PRIOR.time_ms(r[:5])) for y, r in zip(ys, rows,
+                                                                                     strict=True)]))
+    prior = [(*batch_row(*shape), 0.0, 0.0) for shape in PRIOR_SHAPES]
+    y = np.array(ys + [level * PRIOR.time_ms(r[:5]) for r in prior], dtype=np.float64)
     a = np.array(rows + prior, dtype=np.float64)
-    y = np.array(ys + [level * PRIOR.time_ms(r) for r in prior], dtype=np.float64)
-    w = np.array([1.0] * len(rows) + [weight / max(1e-9, v) for v in y[len(rows):]])
-    fa, fb, fc, fe, fg = (float(v) for v in nonnegative_lstsq(a * w[:, None], y * w))
+    a[:, 1] += a[:, 3]  # a decoder's token is a token of the batch's matmuls
+    a = a[:, [0, 1, 2, 4, 5, 6]]
+    # errors relative to the square root of the time: a 20 s prefill weighs five times a 0.8 s one
+    w = np.array([1.0] * len(rows) + [PRIOR_SHARE] * len(prior)) / np.sqrt(np.maximum(y, 1e-9))
+    fa, fb, fc, fg, fs, fp = (float(v) for v in nonnegative_lstsq(a * w[:, None], y * w))
     found = {"fixed_ms": fa, "per_token_ms": fb}
     spread = max(o.ctx for o in obs) - min(o.ctx for o in obs)
     if spread >= MIN_CTX_SPREAD or max(o.tokens for o in obs) >= MIN_CTX_SPREAD:
@@ -215,7 +229,11 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
         cal.notes.append("prefill: every prompt had about the same context: no price on context "
                          "(per_token_per_kctx_ms, per_kctx_ms assumed)")
     if any(o.decoders > 0 for o in obs):
-        found["per_decoder_ms"] = fe
+        found["per_decoder_ms"] = fb
+    if any(r[5] > 0 for r in rows):
+        found["per_decoder_kctx_ms"] = fs
+    if any(r[6] > 0 for r in rows):
+        found["per_token_per_kv_ms"] = fp
     return cal.costs.with_values(found, "log")
 
 

@@ -107,7 +107,9 @@ def _summary(p: Prediction, output: str) -> None:
     costs = p.costs
     say(f"  costs: batch ≈ {costs.fixed_ms:.1f} ms per micro-batch + {costs.per_token_ms:.3f} "
         f"ms/token + {costs.per_token_per_kctx_ms:.4f} ms/token per 1k ctx + "
-        f"{costs.per_kctx_ms:.2f} ms per 1k ctx read + {costs.per_decoder_ms:.2f} ms/decoder; "
+        f"{costs.per_kctx_ms:.2f} ms per 1k ctx read + {costs.per_decoder_ms:.2f} ms/decoder + "
+        f"{costs.per_decoder_kctx_ms:.2f} ms per 1k decoder cells + "
+        f"{costs.per_token_per_kv_ms:.4f} ms/token per 1k other slots' cells; "
         f"decode step {costs.step_ms:.1f} ms + {costs.per_slot_ms:.2f} ms/slot + "
         f"{costs.decode_per_kctx_ms:.3f} ms per 1k ctx")
     cal = p.calibration

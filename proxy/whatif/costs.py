@@ -4,8 +4,10 @@ calibrated from the log, or assumed), and the `--costs FILE` format that gives t
 
 A batch with prompt tokens costs, per micro-batch of `n_ubatch` tokens, the prefill gate's own
 form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)/1000, plus e per
-decoding slot's token riding in it. A batch of decode tokens only costs one step:
-step + per_slot·(slots − 1) + per_kctx·(context attended)/1000.
+decoding slot's token riding in it; with one shared KV also p·n·(other slots' cells)/1000 and
+s·(the decoding slots' cells)/1000 (stepcost.py says why). A batch of decode tokens only costs one
+step: step + per_slot·(slots − 1) + per_kctx·(cells the decode tokens attend to)/1000, each its
+own slot's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ class Costs:
     """prefill.per_decoder_ms: e, per decoding slot's token in a batch with prompt tokens."""
     per_kctx_ms: float = 0.0
     """prefill.per_kctx_ms: g, per micro-batch per 1,000 tokens of context it reads."""
+    per_decoder_kctx_ms: float = 0.0
+    """prefill.per_decoder_kctx_ms: with one shared KV, per 1,000 cells the decoding slots' tokens
+    attend to, in a batch with prompt tokens: they share the prompt's micro-batch, and ggml's CPU
+    flash attention computes a 64-row tile of queries over every cell one of its rows sees, so a
+    decode token there costs its cells at 64 rows' price (ggml-cpu/ops.cpp, flash_attn_ext_tiled)."""
+    per_token_per_kv_ms: float = 0.0
+    """prefill.per_token_per_kv_ms: with one shared KV, per prompt token per 1,000 cells the other
+    slots hold: ggml's CPU flash attention reads the mask of every cell in the cache for each tile
+    of queries, the cells it then skips too (ggml-cpu/ops.cpp, flash_attn_ext_tiled)."""
     step_ms: float = 20.0
     """decode.step_ms: a batch of one decode token."""
     per_slot_ms: float = 1.0
@@ -91,6 +102,8 @@ KEYS: dict[str, str] = {
     "prefill.per_token_per_kctx_ms": "per_token_per_kctx_ms",
     "prefill.per_decoder_ms": "per_decoder_ms",
     "prefill.per_kctx_ms": "per_kctx_ms",
+    "prefill.per_decoder_kctx_ms": "per_decoder_kctx_ms",
+    "prefill.per_token_per_kv_ms": "per_token_per_kv_ms",
     "decode.step_ms": "step_ms",
     "decode.per_slot_ms": "per_slot_ms",
     "decode.per_kctx_ms": "decode_per_kctx_ms",

@@ -12,6 +12,7 @@ the same, the server had lost it (a first turn of the day). Pure.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -67,6 +68,10 @@ class Job:
     """Prompt tokens inferred to be shared with an earlier sequence."""
     recorded_cache: int
     """What the server found cached in the recording, slotwise's own help left out."""
+    starved: bool = False
+    """Its client left without a first token and without sizes: it waited (in the queue or in a
+    slot whose batches it never entered) the whole time, and its size is unknown, so the replay
+    keeps its place and never computes it."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -87,7 +92,8 @@ class Workload:
     """Slots the server's log shows used before the first request, oldest first."""
     guessed: list[str] = field(default_factory=list)
     """Requests whose client left before the server said their prompt's size: replayed with the
-    log's median prompt (they held a slot or a place in the queue all the same)."""
+    log's median prompt (they held a slot or a place in the queue all the same); those with no
+    first token either are `starved`."""
 
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
@@ -114,6 +120,8 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
             continue
         gap = math.inf if str(record.get("id")) in rewritten else return_gap_s
         job = _job(record, shape, work, by_client, ids, gap)
+        if str(record.get("id")) in work.guessed and num(record, "ttft_ms") is None:
+            job = dataclasses.replace(job, starved=True)
         work.jobs.append(job)
         if job.client is not None:
             by_client.setdefault(job.client, []).append(job)

@@ -17,8 +17,11 @@ Rules (tests/test_whatif_server.py follows them one to one):
  4. A batch holds one token of each generating slot in slot order (those with the first one's LoRA
     settings), then prompt tokens in slot order up to `n_batch` (checkpointing models stop a
     prompt's batch 4 + n_ubatch and 4 tokens before its end); other LoRA settings wait, and a change
-    of settings between batches costs `lora_switch_ms`.
- 5. A batch takes what stepcost.py says: micro-batches of prompt tokens, or one decode step.
+    of settings between batches costs `lora_switch_ms`. A starved task (its log shows it waiting
+    until its client left, size unknown) holds its slot and never enters a batch.
+ 5. A batch takes what stepcost.py says: micro-batches of prompt tokens, or one decode step;
+    every token attends to its own slot's cells (with one shared KV a prompt token also scans the
+    other slots' cells, and decode tokens riding with a prompt pay for theirs at its tile's price).
  6. At a batch's end a finished prompt samples its first token and each generating slot its next;
     a task ends at `n_predict` tokens or its slot's context limit, and its slot keeps its prompt
     and reply.
@@ -146,7 +149,7 @@ class ServerModel:
             task = slot.task
             if budget <= 0:
                 break
-            if task is None or slot.phase not in (Phase.STARTED, Phase.PROMPT):
+            if task is None or task.starved or slot.phase not in (Phase.STARTED, Phase.PROMPT):
                 continue
             if leader is not None and task.lora != leader:
                 continue
@@ -220,7 +223,8 @@ class ServerModel:
 
     def _time(self, runs: list[tuple[Slot, int]], decoders: list[Slot]) -> float:
         dec_ctx = [s.held.n for s in decoders]
-        prompt = [PromptRun(n, s.held.n) for s, n in runs]
+        pool = sum(s.held.n for s in self.slots) if self.settings.kv_unified else 0
+        prompt = [PromptRun(n, s.held.n, max(0, pool - s.held.n)) for s, n in runs]
         return batch_ms(self.costs, dec_ctx, prompt, n_ubatch=self.settings.n_ubatch,
                         unified=self.settings.kv_unified)
 

@@ -45,6 +45,20 @@ def _cells(task: Task, t: float) -> float:
     return held + min(1.0, (t - first) / (task.predicted_ms / 1000.0)) * task.predicted_n
 
 
+def _held(task: Task, t: float) -> float:
+    """The cells a task's slot holds at `t`: what was cached, the prompt computed so far (evenly
+    over its prefill), what it generated."""
+    start, first = task.prefill_start_s, task.decode_start_s
+    if start is None or first is None or t < task.start_s or (task.end_s or t) < t:
+        return 0.0
+    cached = float(task.cache_n or 0)
+    if t < start:
+        return cached
+    if t < first:
+        return cached + (task.prompt_n or 0) * (t - start) / max(1e-9, first - start)
+    return _cells(task, t)
+
+
 class _Day:
     def __init__(self, tasks: Sequence[Task]) -> None:
         self.tasks = tasks
@@ -58,6 +72,11 @@ class _Day:
         """Tasks generating through the whole of (t0, t1)."""
         return [o for o in self.gen if o is not task and (o.decode_start_s or 0) <= t0
                 and (o.end_s or 0) >= t1]
+
+    def others(self, task: Task, t: float) -> float:
+        """Thousands of cells the other tasks' slots hold at `t` (idle slots are emptied at each
+        launch with --cache-idle-slots, so only tasks count)."""
+        return sum(_held(o, t) for o in self.tasks if o is not task) / 1000.0
 
     def changes(self, t0: float, t1: float) -> bool:
         """A task started or stopped generating inside (t0, t1)."""
@@ -78,7 +97,8 @@ def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[Pref
             continue
         beside = day.decoding(task, p0, p1)
         kctx = sum(_cells(o, p0) for o in beside) / 1000.0
-        out.append(prompt_obs(n, task.cache_n or 0, ms, float(len(beside)), server, kctx))
+        out.append(prompt_obs(n, task.cache_n or 0, ms, float(len(beside)), server, kctx,
+                              day.others(task, (p0 + p1) / 2)))
     return out
 
 
@@ -95,7 +115,7 @@ def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillO
             beside = day.decoding(task, t0, t1)
             kctx = sum(_cells(o, t0) for o in beside) / 1000.0
             out.append(prompt_obs(n1 - n0, cache + n0, (t1 - t0) * 1000.0, float(len(beside)),
-                                  server, kctx))
+                                  server, kctx, day.others(task, (t0 + t1) / 2)))
     return out
 
 

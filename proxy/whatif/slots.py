@@ -40,6 +40,8 @@ class Task:
     tokens: list[float] = field(default_factory=list)
     cancelled: bool = False
     truncated: bool = False
+    starved: bool = False
+    """It never enters a batch (a request the log shows waiting until its client left)."""
 
     @property
     def prompt_n(self) -> int:

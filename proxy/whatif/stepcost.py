@@ -1,6 +1,12 @@
 """How long one batch of the server model takes, from the `Costs`: prompt tokens in micro-batches of
 `n_ubatch` (with one shared KV the decode tokens share the first; with a KV per slot they get one
 of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure arithmetic.
+
+Every token attends to its own slot's cells only: ggml's CPU flash attention skips the cells the
+mask hides, so with one shared KV a decode step costs the same whatever the other slots hold
+(measured on the testbed: steps of three slots grew with their own cells, not with the cache).
+What the shared KV does cost: each prompt token still reads the mask of the other slots' cells,
+and decode tokens in a prompt's micro-batch are computed in its 64-row query tiles.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ class PromptRun:
 
     tokens: int
     ctx: int
-    """Cells the first of them attends to before itself: the slot's own tokens, plus every other
-    slot's with one shared KV."""
+    """Cells the first of them attends to before itself: the slot's own tokens."""
+    others: int = 0
+    """Cells the other slots hold in one shared KV (masked from it, but scanned)."""
 
 
 def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun], *,
@@ -39,12 +46,15 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
     else:
         micro = (1 if decoders else 0) + sum(math.ceil(r.tokens / ub) for r in runs)
     ms = costs.fixed_ms * micro + costs.per_decoder_ms * decoders + attended
+    if unified:  # the decode tokens ride in the prompt's first micro-batch
+        ms += costs.per_decoder_kctx_ms * sum(decode_ctx) / 1000.0
     for run in runs:
         k = math.ceil(run.tokens / ub)
         read = k * run.ctx + ub * k * (k - 1) / 2
         ms += (costs.per_token_ms * run.tokens
                + costs.per_token_per_kctx_ms * run.tokens * (run.ctx + run.tokens / 2) / 1000.0
-               + costs.per_kctx_ms * read / 1000.0)
+               + costs.per_kctx_ms * read / 1000.0
+               + costs.per_token_per_kv_ms * run.tokens * run.others / 1000.0)
     return ms
 
 
