@@ -39,11 +39,15 @@ KEPT = Restorable(tokens=5900, restore_ms=50.0, max_wait_s=60.0)
 
 
 def policy(mode: str = "chunk", *, tps: float = 1000.0, n_batch: int = 2048,
-           slots: int | None = None, **over: Any) -> PrefillPolicy:
+           slots: int | None = None, measured: bool = False, **over: Any) -> PrefillPolicy:
+    """`measured`: the batch cost has seen this server (a batch at its rate), not only a prior."""
     cfg = dataclasses.replace(PrefillConfig(mode=mode, cold_tokens=COLD, max_hold_s=30.0,
                                             max_stall_ms=256.5, prefill_share=0.5,
                                             max_cold_factor=0.0, max_waiting=2), **over)
-    return PrefillPolicy(cfg, n_batch=n_batch, cost=rate_model(tps), slots=slots)
+    cost = rate_model(tps)
+    if measured:
+        cost.observe_piece(512, 0, 512 * 1000.0 / tps)
+    return PrefillPolicy(cfg, n_batch=n_batch, cost=cost, slots=slots)
 
 
 def rate_model(tps: float) -> BatchCostModel:
@@ -86,7 +90,7 @@ class TestRule1ColdOrNot:
         whole and froze every stream 5.8 s. On a machine that computes 100 tokens/s, 1,200
         tokens whole would stall the stream 12 s (over 8 × 256.5 ms): fed in pieces, and its
         record says why."""
-        p = policy(tps=100.0)
+        p = policy(tps=100.0, measured=True)
         busy(p)
         decided = p.on_arrival("w", 1200, 5000, 0.0)
         assert kinds(decided) == ["Hold", "FeedPiece"]
@@ -111,21 +115,28 @@ class TestRule1ColdOrNot:
             "(over 8 × max_stall_ms); ")
 
     def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
-        idle = policy(tps=100.0)
+        idle = policy(tps=100.0, measured=True)
         assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
-        fast = policy(tps=1000.0)  # 1.2 s whole: under 8 × 256.5 ms
+        fast = policy(tps=1000.0, measured=True)  # 1.2 s whole: under 8 × 256.5 ms
         busy(fast)
         assert fast.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
+
+    def test_the_stall_is_not_judged_on_the_prior_alone(self) -> None:
+        """Before the batch cost has measured the server its figures are a guess (on a GPU a
+        far too slow one): a request under `cold_tokens` goes whole."""
+        p = policy(tps=100.0)
+        busy(p)
+        assert p.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
 
     def test_a_short_turn_goes_whole_however_slow_the_machine(self) -> None:
         """Under 512 new tokens a prompt is a short turn's: pieces would cost its own first token
         a pause each, for a stall the streams take from every short turn."""
-        p = policy(tps=50.0)
+        p = policy(tps=50.0, measured=True)
         busy(p)
         assert p.on_arrival("t", 500, 6000, 0.0) == [Admit("t", "not cold")]
 
     def test_cold_by_its_stall_only_is_sent_not_refused_when_the_line_is_full(self) -> None:
-        p = policy(tps=100.0, max_waiting=0)
+        p = policy(tps=100.0, max_waiting=0, measured=True)
         busy(p)
         assert kinds(p.on_arrival("c", 5000, 5000, 0.0))[0] == "Hold"
         assert p.on_arrival("w", 1200, 5000, 0.5) == [Admit("w", "not cold")]

@@ -163,6 +163,11 @@ class BatchCostModel:
     def cost(self) -> BatchCost:
         return self._cost
 
+    @property
+    def measured(self) -> bool:
+        """Whether the cost stands on observations of this server (else on the prior alone)."""
+        return bool(self._samples)
+
     def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float, decoders: int = 0) -> None:
         """A piece of `tokens` after `ctx` tokens in its slot took one batch of `elapsed_ms` (the
         server's `timings.prompt_ms` when known: wall time also counts the wait for a batch in flight)."""
@@ -190,7 +195,7 @@ class BatchCostModel:
 
     def describe(self) -> CostFit:
         return CostFit(
-            cost=self._cost, source="fitted" if self._samples else "prior",
+            cost=self._cost, source="fitted" if self.measured else "prior",
             samples=self._accepted, in_fit=len(self._samples), ignored=self._ignored,
             shifts=self._shifts,
             median_error=median(abs(e) for e in self._errors) if self._errors else None)

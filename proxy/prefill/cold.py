@@ -5,7 +5,7 @@ generate, by how long sending them whole would stall the streams. Pure: numbers 
 from __future__ import annotations
 
 from proxy.config import PrefillConfig
-from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.batch_cost import BatchCost, BatchCostModel
 from proxy.prefill.events import Arrived
 
 WHOLE_STALLS = 8.0
@@ -21,14 +21,16 @@ prompt is a short turn's, and its own first token would pay one pause or more pe
 stall the streams already take from every short turn of the day."""
 
 
-def cold_reason(cfg: PrefillConfig, cost: BatchCost, req: Arrived, n_batch: int,
+def cold_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
                 decoders: int) -> str | None:
-    """Why `req` is cold, or None when it is not. `decoders`: the requests generating now."""
+    """Why `req` is cold, or None when it is not. `decoders`: the requests generating now. The
+    stall is judged only once the batch cost has measured this server: its prior is a guess."""
     if req.est_new_tokens >= cfg.cold_tokens:
         return f"cold ({req.est_new_tokens:,} new tokens >= cold_tokens {cfg.cold_tokens:,})"
-    if cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS:
+    if (cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS
+            or not model.measured):
         return None
-    stall_ms = whole_stall_ms(cost, req, n_batch, decoders)
+    stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders)
     if stall_ms <= WHOLE_STALLS * cfg.max_stall_ms:
         return None
     return (f"cold: sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "

@@ -44,11 +44,11 @@ class PrefillPolicy:
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`; in `chunk`, while
-        others generate, also one of at least MIN_PIECED_TOKENS whose batch, sent whole, is
-        predicted to stall them longer than WHOLE_STALLS × `max_stall_ms` (cold.py: a warmed
-        post-summary rest under `cold_tokens` froze every stream 6-7 s in `bench day`). Any other
-        request is admitted at once and never waits behind a cold one (but see rule 12's kept
-        slots and rule 14's claimed slot).
+        others generate, also one of at least MIN_PIECED_TOKENS whose batch, sent whole, the
+        measured batch cost predicts would stall them over WHOLE_STALLS × `max_stall_ms`
+        (cold.py: a warmed post-summary rest under `cold_tokens` froze every stream 6-7 s in
+        `bench day`). Any other request is admitted at once and never waits behind a cold one
+        (but see rule 12's kept slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
@@ -331,7 +331,7 @@ class PrefillPolicy:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
         cold = (None if self._cfg.mode == "off"
-                else cold_reason(self._cfg, self._cost.cost, req, self._n_batch,
+                else cold_reason(self._cfg, self._cost, req, self._n_batch,
                                  self._use.decoders()))
         if (cold is not None and req.est_new_tokens < self._cfg.cold_tokens
                 and len(self._plans) > self._cfg.max_waiting):
