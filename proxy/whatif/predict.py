@@ -143,8 +143,9 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
                      "in the log are computed again)")
     if workload.guessed:
         notes.append(f"{len(workload.guessed)} requests whose client left before their size was "
-                     f"logged ({', '.join(workload.guessed[:5])}) replayed with the median prompt (those that never had a first token hold their place and are not computed), "
-                     "nothing cached")
+                     f"logged ({', '.join(workload.guessed[:5])}) replayed with the median prompt, "
+                     "nothing cached; those with no first token either hold their place and are "
+                     "never computed")
     if workload.dropped:
         notes.append(f"warm-ups, saves and restores: {workload.dropped} records of them left out; "
                      "what they computed is computed by the requests")
