@@ -710,6 +710,25 @@ class TestRule12EverySlotUserCounts:
         assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
         assert p.on_finished("s", 1.0) == [Admit("x", "held for a free slot (1 of 1 in use); not cold")]
 
+    def test_a_cold_request_that_waited_its_time_alone_takes_the_next_free_slot(self) -> None:
+        """Six users over four slots keep somebody waiting for a slot all day: short turns first
+        would hold a cold request's first piece for ever (bench day: a 593-token translation,
+        cold by its stall, was held 305 s). After its own time alone (5 s here) the next free
+        slot is its own."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert p.on_arrival("c", 5000, 5000, 0.0) == [Hold("c", "others generating")]
+        assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
+        assert kinds(p.on_arrival("y", 100, 100, 0.2)) == ["Hold"]
+        assert p.on_finished("s1", 1.0) == [Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        p.on_prefill_started("x", 1.0)
+        p.on_first_token("x", 1.1)
+        [piece] = p.on_finished("s2", 6.0)  # c has waited 6 s, its time alone 5 s
+        assert isinstance(piece, FeedPiece) and piece.req_id == "c"
+        assert p.snapshot().held[-1] == "y"  # y waits for the next slot
+        assert p.on_finished("x", 7.0) == [Admit("y", "held for a free slot (2 of 2 in use); not cold")]
+
     def test_unknown_slots_hold_nobody_behind_a_waiting_restore(self) -> None:
         p = policy()
         for i in range(8):

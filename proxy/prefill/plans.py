@@ -63,6 +63,17 @@ class ColdPlans:
         """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
         return sum(1 for p in self.held.values() if p.has_slot)
 
+    def slots_owed(self, server: Server, now: float) -> int:
+        """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
+        since they arrived; each is owed the next free slot, before the requests held for one
+        (else, with every slot busy and short turns always waiting, a cold request never gets its
+        first piece: bench day, a 593-token translation held 305 s)."""
+        if server.cfg.mode != "chunk":
+            return 0
+        cost, n_batch = server.cost.cost, server.n_batch
+        return sum(1 for p in self.held.values()
+                   if not p.has_slot and p.due_at(cost, n_batch) <= now)
+
     # ---- events ------------------------------------------------------------------------------
 
     def piece_done(self, server: Server, req_id: str, tokens: int, elapsed_ms: float,

@@ -111,7 +111,8 @@ class PrefillPolicy:
         translation). With the server's slot count known (`set_slots`), the free slots are the
         rest; when none is, a request that would go now is held instead (it would only queue in
         the server) and they go in arrival order, one per slot that frees, before a cold plan's
-        first piece; a restore waiting goes before them all (rule 14).
+        first piece, unless that plan has waited its own time alone since it arrived (rule 4's
+        bound): then the slot is its own; a restore waiting goes before them all (rule 14).
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
         `off` every plan is released at once.
     14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
@@ -405,9 +406,10 @@ class PrefillPolicy:
 
     def _unclaim(self, now: float) -> list[Decision]:
         """Rules 12 and 14: the requests held for a slot go in arrival order, one per free slot,
-        once no restore claims it."""
+        once no restore claims it and no cold plan is owed it."""
         out: list[Decision] = []
-        while (behind := self._line.next_behind(now, self._taken())) is not None:
+        owed = self._plans.slots_owed(self._server(), now)
+        while (behind := self._line.next_behind(now, self._taken() + owed)) is not None:
             req, why = behind
             self._notes.setdefault(req.req_id, f"held {why.removeprefix('waiting ')}")
             out.extend(self._arrive(req, now))
