@@ -256,6 +256,16 @@ class TestCommandLine:
         assert code == 0 and "within ±10%: yes" in capsys.readouterr().out
 
 
+    def test_a_turn_left_without_a_first_token_counts_with_its_wait(self) -> None:
+        quick = [{**record(str(i), float(i), "a", 300, 0, 10), "ttft_ms": 1000.0}
+                 for i in range(4)]
+        starved = {**record("s", 20.0, "b", 300, 0, 10), "outcome": "client_gone",
+                   "ttft_ms": None, "total_ms": 300_000.0, "timings": None,
+                   "computed_tokens": None}
+        assert figures(loaded(quick))["short_ttft_p90_s"] == pytest.approx(1.0)
+        assert figures(loaded([*quick, starved]))["short_ttft_p90_s"] > 1.0
+
+
 class TestSpeed:
     def test_a_day_of_a_thousand_requests_replays_in_seconds(self) -> None:
         records = loaded(day(requests=1000, hours=24.0))

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.record.timing import percentile
-from proxy.report.records import RecordLine, is_turn, new_tokens, num
+from proxy.report.records import COMPLETION_KINDS, RecordLine, is_turn, new_tokens, num
 
 SHORT_TOKENS = 1000
 """A short turn computes fewer new prompt tokens than this (the field report's definition)."""
@@ -39,14 +39,26 @@ def figures(records: Sequence[RecordLine], cold_tokens: int = 2000) -> dict[str,
         ms += sum(num(ov, "decode_ms") or 0.0 for ov in inside)
         if (gap := num(record, "gap_max_ms")) is not None:
             gaps.append(gap / 1000.0)
-    short = sorted(t / 1000.0 for r in turns if (new_tokens(r) or 0) < SHORT_TOKENS
-                   and (t := num(r, "ttft_ms")) is not None)
+    short = sorted(t / 1000.0 for r in records if (new_tokens(r) or 0) < SHORT_TOKENS
+                   and (t := _first_token_ms(r)) is not None)
     return {
         "cold_ttft_s": statistics.median(ttfts) if ttfts else None,
         "stream_rate": events / (ms / 1000.0) if ms > 0 else None,
         "stream_gap_s": max(gaps) if gaps else None,
         "short_ttft_p90_s": percentile(short, 90) if short else None,
     }
+
+
+def _first_token_ms(record: RecordLine) -> float | None:
+    """A generation request's time to first token, also when its client left after it; one whose
+    client left before it came counts with the time it waited (at least that long): dropping it
+    would make a day of starved requests look better than one where they got their token late."""
+    if record.get("kind") not in COMPLETION_KINDS:
+        return None
+    ttft = num(record, "ttft_ms")
+    if ttft is None and record.get("outcome") == "client_gone":
+        return num(record, "total_ms")
+    return ttft if record.get("outcome") in ("done", "client_gone") else None
 
 
 @dataclass(frozen=True)
