@@ -22,7 +22,7 @@ from proxy.whatif.server import (
     Started,
 )
 from proxy.whatif.settings import ServerSettings
-from proxy.whatif.slots import Task
+from proxy.whatif.slots import Slots, Task
 
 COSTS = Costs(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0,
               per_kctx_ms=0.0, step_ms=20.0, per_slot_ms=0.0, decode_per_kctx_ms=0.0,
@@ -91,6 +91,19 @@ class TestRule1SlotChoice:
         run(server, [(10.0, c)])
         oldest = min(used, key=lambda i: used[i])
         assert server.slots[oldest].held.seq is c.out
+
+    def test_of_two_slots_released_at_one_batch_the_lower_is_the_least_recent(self) -> None:
+        """llama-server releases them in slot order, microseconds apart: the next task gets the
+        lower slot (and with it the prompt budget first)."""
+        table = Slots(SETTINGS, COSTS)
+        for slot in table.slots:
+            slot.task = task(f"t{slot.id}", seq(slot.id + 1, 100))
+        for slot in table.slots:  # the end of one batch
+            table.release(slot, 5.0)
+        nxt = task("next", seq(9, 100))
+        table.queue.append(nxt)
+        table.assign(6.0)
+        assert table.slots[0].task is nxt
 
     def test_no_idle_slot_defers_until_one_is_released(self) -> None:
         server = model(parallel=1)

@@ -55,6 +55,9 @@ class Slot:
     task: Task | None = None
     held: Held = field(default_factory=Held)
     t_last: float = -1.0
+    released: int = 0
+    """Releases before its last one, all slots counted: of two slots released at the end of the
+    same batch, the lower one (released first, in slot order) is the least recently used."""
     lora: str | None = None
     """The explicit LoRA settings of its last task (a different one clears its cache)."""
 
@@ -68,6 +71,7 @@ class Slots:
         self.cache = PromptCache(settings.cache_ram, costs.kv_bytes_per_token)
         self.queue: deque[Task] = deque()
         self.deferred: deque[Task] = deque()
+        self._releases = 0
 
     def preload(self, seqs: list[Seq]) -> None:
         """Sequences held before the log began: in the RAM cache, else in empty slots."""
@@ -141,7 +145,7 @@ class Slots:
             if chosen is not None:
                 update = best * task.prompt.length / chosen.held.n < 0.5
         if chosen is None:
-            chosen = min(reversed(idle), key=lambda s: s.t_last)
+            chosen = min(reversed(idle), key=lambda s: (s.t_last, s.released))
         copied = 0
         if update and self.cache.enabled:
             copied += self.cache.save(chosen.held)
@@ -163,5 +167,7 @@ class Slots:
             kept = task.done + max(0, task.n_gen - 1) if task.n_gen else task.done
             slot.held = Held(task.out if task.n_gen else task.prompt, kept)
         slot.phase, slot.task, slot.t_last = Phase.IDLE, None, now
+        self._releases += 1
+        slot.released = self._releases
         if self.deferred:
             self.queue.appendleft(self.deferred.popleft())
