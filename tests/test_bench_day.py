@@ -370,6 +370,22 @@ def test_the_days_table_fits_80_columns_with_every_figure() -> None:
     assert "returns:" in text and "summary:" in text  # the labels wrap beside the figures
 
 
+def test_a_users_row_holds_that_users_turns_whatever_order_they_came_in() -> None:
+    """bench day --repeat 3: ann's post-summary turn came before bob's in one run and after it
+    in another; rows taken by position showed "bob after the summary" with ann's 2,478 tokens."""
+    def figures(order: tuple[str, ...]) -> dict[str, object]:
+        turns = {"ann": {"who": "ann", "ttft_s": 20.0, "prompt_tokens": 2479, "warmed_tokens": 500},
+                 "bob": {"who": "bob", "ttft_s": 4.0, "prompt_tokens": 2094, "warmed_tokens": 900}}
+        return {"returning": [], "after_summary": [turns[w] for w in order],
+                "longest_gap_s": {}, "failed": [], "cut": [], "day_s": 300.0}
+    runs = [{"slotwise": figures(o)} for o in (("ann", "bob"), ("bob", "ann"), ("bob", "ann"))]
+    lines = printed(day_grid(runs, "report")).splitlines()
+    ann = next(i for i, line in enumerate(lines) if line.startswith("ann after the summary"))
+    bob = next(i for i, line in enumerate(lines) if line.startswith("bob after the summary"))
+    assert lines[ann].split()[-2:] == ["20.0", "s"] and "2,479" in lines[ann + 2]
+    assert lines[bob].split()[-2:] == ["4.0", "s"] and "2,094" in lines[bob + 2]
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 def test_unknown_setups_and_paths_are_refused_by_name() -> None:

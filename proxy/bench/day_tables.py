@@ -124,12 +124,12 @@ def day_grid(runs: Runs, where: str = "") -> Table:
     for kind, label, extra, word in (
             ("returning", "returns", "restored_tokens", "restored from a file"),
             ("after_summary", "after the summary", "warmed_tokens", "warmed ahead")):
-        for i, turn in enumerate(first[kind]):
-            grid.add_row(f"{turn['who']} {label}: time to first token",
-                         *_cells(runs, paths, _turn(kind, i, "ttft_s"), "s"))
+        for who in dict.fromkeys(turn["who"] for turn in first[kind]):
+            grid.add_row(f"{who} {label}: time to first token",
+                         *_cells(runs, paths, _turn(kind, who, "ttft_s"), "s"))
             grid.add_row("  its prompt (tokens)",
-                         *_cells(runs, paths, _turn(kind, i, "prompt_tokens"), ""))
-            grid.add_row(f"  {word} (tokens)", *_cells(runs, paths, _turn(kind, i, extra), ""))
+                         *_cells(runs, paths, _turn(kind, who, "prompt_tokens"), ""))
+            grid.add_row(f"  {word} (tokens)", *_cells(runs, paths, _turn(kind, who, extra), ""))
     grid.add_row("longest gap between tokens", *("" for _ in paths))
     for who in first["longest_gap_s"]:
         grid.add_row(f"  {who}", *_cells(runs, paths, _gap(who), "s"))
@@ -142,9 +142,12 @@ def day_grid(runs: Runs, where: str = "") -> Table:
     return grid
 
 
-def _turn(kind: str, index: int, key: str) -> Pick:
+def _turn(kind: str, who: str, key: str) -> Pick:
+    """`who`'s turn of this kind (each user returns, or resumes after a summary, once a day):
+    by name, since the order the turns came in differs between runs and paths."""
     def pick(figures: Mapping[str, Any]) -> float | int | None:
-        value = figures[kind][index][key]
+        turn = next((t for t in figures[kind] if t["who"] == who), None)
+        value = None if turn is None else turn[key]
         return value if isinstance(value, int | float) else None
     return pick
 
