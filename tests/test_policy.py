@@ -729,6 +729,22 @@ class TestRule12EverySlotUserCounts:
         assert p.snapshot().held[-1] == "y"  # y waits for the next slot
         assert p.on_finished("x", 7.0) == [Admit("y", "held for a free slot (2 of 2 in use); not cold")]
 
+    def test_a_cold_request_in_a_hold_is_owed_no_slot(self) -> None:
+        """The batch cost chose a hold for it (every batch starts with 1.5 s): the slot that came
+        free goes to the short turn waiting, not kept idle for the hold's length."""
+        slow = BatchCostModel(BatchCost(fixed_ms=1500.0, per_token_ms=0.3,
+                                        per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=1000, max_stall_ms=160.0,
+                                        max_hold_s=30.0), cost=slow, slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert kinds(p.on_arrival("c", 1184, 2400, 0.0)) == ["Hold"]
+        assert kinds(p.on_arrival("x", 100, 100, 0.1)) == ["Hold"]
+        assert p.on_finished("s1", 5.0) == [
+            Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.HOLD
+
     def test_unknown_slots_hold_nobody_behind_a_waiting_restore(self) -> None:
         p = policy()
         for i in range(8):

@@ -65,14 +65,15 @@ class ColdPlans:
 
     def slots_owed(self, server: Server, now: float) -> int:
         """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
-        since they arrived; each is owed the next free slot, before the requests held for one
-        (else, with every slot busy and short turns always waiting, a cold request never gets its
-        first piece: bench day, a 593-token translation held 305 s)."""
+        since they arrived, and are not in a hold; each is owed the next free slot, before the
+        requests held for one (else, with every slot busy and short turns always waiting, a cold
+        request never gets its first piece: bench day, a 593-token translation held 305 s)."""
         if server.cfg.mode != "chunk":
             return 0
         cost, n_batch = server.cost.cost, server.n_batch
         return sum(1 for p in self.held.values()
-                   if not p.has_slot and p.due_at(cost, n_batch) <= now)
+                   if not p.has_slot and p.due_at(cost, n_batch) <= now
+                   and (p.hold_until is None or p.hold_until <= now))
 
     # ---- events ------------------------------------------------------------------------------
 

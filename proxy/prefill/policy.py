@@ -391,6 +391,8 @@ class PrefillPolicy:
         out: list[Decision] = []
         while True:
             step = [*self._restore_step(now), *self._unclaim(now), *self._plan_step(now)]
+            if not step:  # a plan owed a slot may have gone into a hold: the slot is not its now
+                step = self._unclaim(now)
             if not step:
                 return out
             out.extend(step)
