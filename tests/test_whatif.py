@@ -15,7 +15,7 @@ import pytest
 
 from proxy.cli.main import main
 from proxy.config import Config
-from proxy.report.records import load_timing_log
+from proxy.report.records import load_timing_log, parse_time
 from proxy.whatif.check import compare, figures, passed
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.predict import Inputs, Prediction, predict
@@ -197,6 +197,25 @@ class TestReplay:
         again = played(recorded_day, "n_batch=512")
         assert sorted(r.id for r in again.outcome.records) == sorted(
             str(r["id"]) for r in recorded_day)
+
+
+    def test_a_turn_sent_after_the_reply_comes_as_long_after_the_what_ifs_reply(self) -> None:
+        """A user reads the reply, then types: the pause between the end of the client's previous
+        request and this one is kept, not the logged arrival; a request sent while the previous
+        one still ran, or by another client, arrives as logged."""
+        first = {**record("a0", 0.0, "a", 1000, 0, 100), "total_ms": 10_000.0}
+        turn = record("a1", 15.0, "a", 1200, 1100, 50)  # 5 s after "a0" ended
+        eager = [{**record("b0", 0.0, "b", 500, 0, 100), "total_ms": 10_000.0},
+                 record("b1", 4.0, "b", 600, 0, 10)]  # sent while "b0" ran
+        out = {r.id: r for r in played(loaded([first, turn, *eager])).outcome.records}
+
+        def start(rid: str) -> float:
+            return parse_time(str(out[rid].start))
+
+        ended = start("a0") + (out["a0"].total_ms or 0) / 1000.0
+        assert start("a1") == pytest.approx(ended + 5.0, abs=0.01)
+        assert abs(start("a1") - parse_time(str(turn["start"]))) > 1.0
+        assert start("b1") == pytest.approx(parse_time(str(eager[1]["start"])), abs=0.01)
 
 
 class TestPolicies:

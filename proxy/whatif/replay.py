@@ -71,11 +71,16 @@ class Replay:
         self._tick_at: float | None = None
         self._found: dict[str, int] = {}
         self._now = 0.0
+        self._next_turns: dict[str, list[Job]] = {}
+        """Requests sent after the one they name ended, by its id (requests.py, `Job.after`)."""
         self.witness.registry.subscribe(self._on_phase)
 
     def run(self) -> Outcome:
         for job in self.work.jobs:
-            self._at(job.arrival, functools.partial(self._arrive, job))
+            if job.after is None:
+                self._at(job.arrival, functools.partial(self._arrive, job))
+            else:
+                self._next_turns.setdefault(job.after, []).append(job)
         server = self.server
         while True:
             t_ext = self._heap[0][0] if self._heap else float("inf")
@@ -128,7 +133,7 @@ class Replay:
             elif isinstance(action, FeedPiece):
                 self._feed(live, action.upto_tokens, now)
             elif isinstance(action, Reject):
-                self._finish(live)
+                self._finish(live, now)
                 self.witness.rejected(live.flight, action.reason, now)
             elif isinstance(action, CancelPiece) and live.piece is not None:
                 self.server.cancel(live.piece, now)
@@ -175,7 +180,7 @@ class Replay:
     def _gone(self, live: _Live, now: float) -> None:
         if live.ended:
             return
-        self._finish(live)
+        self._finish(live, now)
         if live.piece is not None:
             self.server.cancel(live.piece, now)
         if live.task is not None:
@@ -183,8 +188,11 @@ class Replay:
         self._apply(self.policy.client_left(live.key, now), now)
         self.witness.gone(live.flight, live.task, live.job.events, now)
 
-    def _finish(self, live: _Live) -> None:
+    def _finish(self, live: _Live, now: float) -> None:
+        """Its client has what it gets: its next turn comes the client's own time later."""
         live.ended = True
+        for job in self._next_turns.pop(live.job.id, ()):
+            self._at(now + job.think_s, functools.partial(self._arrive, job))
 
     # ---- the server side ------------------------------------------------------------------------
 
@@ -209,10 +217,10 @@ class Replay:
         elif isinstance(happening, FirstToken):
             self.witness.first_token(live.flight, now)
         elif isinstance(happening, Finished):
-            self._finish(live)
+            self._finish(live, now)
             self.witness.finished(live.flight, task, live.job.events, now)
         elif isinstance(happening, Failed):
-            self._finish(live)
+            self._finish(live, now)
             self.witness.failed(live.flight, happening.status, happening.error, now)
 
     def _on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:

@@ -72,6 +72,10 @@ class Job:
     """Its client left without a first token and without sizes: it waited (in the queue or in a
     slot whose batches it never entered) the whole time, and its size is unknown, so the replay
     keeps its place and never computes it."""
+    after: str | None = None
+    """The client's previous request, when this one was sent after that one ended (a user reads
+    the reply, then types): the replay sends it `think_s` after that request's end there."""
+    think_s: float = 0.0
 
     @property
     def prompt_tokens(self) -> int:
@@ -106,11 +110,16 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
     usual_prompt = _typical_prompt(records)
     ids = SegmentIds()
     by_client: dict[str | None, list[Job]] = {}
+    last: dict[str, RecordLine] = {}
     for record in records:
         kind = record.get("kind")
         if kind in OWN_KINDS:
             work.dropped += 1
             continue
+        client = record.get("client")
+        previous = last.get(client) if isinstance(client, str) else None
+        if isinstance(client, str):
+            last[client] = record
         shape = _shape(record, typical)
         if shape is None and _left_unsized(record):
             shape = _Shape(usual_prompt, 0, typical)
@@ -122,6 +131,8 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
         job = _job(record, shape, work, by_client, ids, gap)
         if str(record.get("id")) in work.guessed and num(record, "ttft_ms") is None:
             job = dataclasses.replace(job, starved=True)
+        if previous is not None:
+            job = _reacting(job, previous, work.jobs, return_gap_s)
         work.jobs.append(job)
         if job.client is not None:
             by_client.setdefault(job.client, []).append(job)
@@ -217,6 +228,20 @@ def _parent(mine: Sequence[Job], recent: Sequence[Job], shape: _Shape, arrival: 
         if job.out.length >= shape.cache:
             return job.out, shape.cache
     return None, 0
+
+
+def _reacting(job: Job, previous: RecordLine, jobs: Sequence[Job], return_gap_s: float) -> Job:
+    """`job` sent `think_s` after its client's previous request ended, if it was sent after that
+    one's end (not while it ran, nor after a pause of `return_gap_s` or more: a new session comes
+    when it comes) and that one is replayed too."""
+    total = num(previous, "total_ms")
+    if total is None:
+        return job
+    think = job.arrival - (start_of(previous) + total / 1000.0)
+    pid = str(previous.get("id"))
+    if not 0.0 <= think < return_gap_s or not any(j.id == pid for j in jobs[-SEARCH_BACK:]):
+        return job
+    return dataclasses.replace(job, after=pid, think_s=think)
 
 
 def _patience(record: RecordLine) -> float | None:

@@ -22,9 +22,10 @@ Rules (tests/test_whatif_server.py follows them one to one):
  5. A batch takes what stepcost.py says: micro-batches of prompt tokens, or one decode step;
     every token attends to its own slot's cells (with one shared KV a prompt token also scans the
     other slots' cells, and decode tokens riding with a prompt pay for theirs at its tile's price).
- 6. At a batch's end a finished prompt samples its first token and each generating slot its next;
-    a task ends at `n_predict` tokens or its slot's context limit, and its slot keeps its prompt
-    and reply.
+ 6. At a batch's end a finished prompt samples its first token and each generating slot its next,
+    slot by slot in slot order (a stream in a lower slot than a prompt that just finished has its
+    token before that prompt's first token, one in a higher slot after it); a task ends at
+    `n_predict` tokens or its slot's context limit, and its slot keeps its prompt and reply.
  7. One shared KV of `ctx` cells: idle slots are emptied when a batch would not fit; if it still
     does not, every task in a slot fails ("Context size has been exceeded.").
  8. A cancelled task leaves the queue at once, or its slot at the next boundary (the slot keeps
@@ -47,6 +48,9 @@ from proxy.whatif.slots import Phase, Slot, Slots, Task
 from proxy.whatif.stepcost import PromptRun, batch_ms, decode_steps_ms
 
 CONTEXT_EXCEEDED = "Context size has been exceeded."
+SEND_ORDER_S = 1e-6
+"""Between two slots' tokens at one batch's end, the last slot's at the end: only their order
+matters (rule 6), and the next batch starts after all of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,22 +233,26 @@ class ServerModel:
                         unified=self.settings.kv_unified)
 
     def _post_decode(self, batch: _Batch, out: list[Happening]) -> None:
-        t = batch.end
-        for slot, n in batch.runs:
-            task = slot.task
-            if task is None or slot.phase is not Phase.PROMPT:
+        runs = dict(batch.runs)
+        decoding = set(batch.decoders)
+        for slot in self.slots:
+            task, t = slot.task, self._sent(batch.end, slot)
+            if task is None:
                 continue
-            task.done += n
-            slot.held = Held(task.prompt, task.done)
-            if task.done >= task.prompt.length:
-                slot.phase = Phase.GEN
-                out.append(FirstToken(task, t))
-                self._token(slot, task, t, out)
-        for slot in batch.decoders:
-            task = slot.task
-            if task is not None and slot.phase is Phase.GEN:
+            if slot in runs and slot.phase is Phase.PROMPT:
+                task.done += runs[slot]
+                slot.held = Held(task.prompt, task.done)
+                if task.done >= task.prompt.length:
+                    slot.phase = Phase.GEN
+                    out.append(FirstToken(task, t))
+                    self._token(slot, task, t, out)
+            elif slot in decoding and slot.phase is Phase.GEN:
                 slot.held = Held(task.out, slot.held.n + 1)
                 self._token(slot, task, t, out)
+
+    def _sent(self, end: float, slot: Slot) -> float:
+        """When `slot`'s token of the batch ending at `end` is sent (rule 6: in slot order)."""
+        return end - SEND_ORDER_S * (len(self.slots) - 1 - slot.id)
 
     def _token(self, slot: Slot, task: Task, t: float, out: list[Happening]) -> None:
         task.n_gen += 1
@@ -285,7 +293,7 @@ class ServerModel:
         for slot in decoders:
             task = slot.task
             assert task is not None
-            task.tokens.extend(stamps)
+            task.tokens.extend(self._sent(t, slot) for t in stamps)
             task.n_gen += taken
             slot.held = Held(task.out, slot.held.n + taken)
         self.batches += taken
