@@ -67,6 +67,20 @@ def run(server: ServerModel, submits: Sequence[tuple[float, Task]],
             return out
 
 
+def beside_other_cells(costs: Costs) -> list[list[float]]:
+    """A 1,000-token prompt's token times on one shared KV, with the other slots empty and then
+    holding 20,000 cells."""
+    times = []
+    for other in (0, 20_000):
+        server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
+        if other:
+            server.preload([seq(9, other)], None)
+        a = task("a", seq(1, 1000), 3)
+        run(server, [(0.0, a)])
+        times.append(a.tokens)
+    return times
+
+
 def of(happenings: Sequence[Happening], kind: type, key: str) -> list[Happening]:
     return [h for h in happenings if isinstance(h, kind) and h.task.key == key]
 
@@ -219,37 +233,20 @@ class TestRule5BatchTime:
         first = (2 * 10 + 1000) / 1000.0
         assert a.tokens == pytest.approx([first, first + 0.02, first + 0.04])
 
-
     def test_with_one_shared_kv_a_token_attends_to_its_own_cells_only(self) -> None:
         """The testbed's decode steps grew with the generating slots' own cells, not with what
         the other slots held (docs/whatif.md, 2026-12-02): the mask hides the other cells."""
         costs = dataclasses.replace(COSTS, decode_per_kctx_ms=10.0, per_token_per_kctx_ms=1.0)
-        times = []
-        for other in (0, 20_000):
-            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
-            if other:
-                server.preload([seq(9, other)], None)
-            a = task("a", seq(1, 1000), 3)
-            run(server, [(0.0, a)])
-            times.append(a.tokens)
+        times = beside_other_cells(costs)
         assert times[0] == pytest.approx(times[1])
         first = (2 * 10 + 1000 + 1.0 * 1000 * 0.5) / 1000.0
         step = (20 + 10.0 * 1.0) / 1000.0  # its 1,000 cells; the first sampled token is not in yet
         assert times[0][:2] == pytest.approx([first, first + step])
 
-
     def test_with_one_shared_kv_prompt_tokens_scan_the_other_slots_cells(self) -> None:
         """The mask of every cell is read for each tile of queries: a prompt costs more beside a
         full cache, a decode step does not."""
-        costs = dataclasses.replace(COSTS, per_token_per_kv_ms=0.1)
-        tokens = []
-        for other in (0, 20_000):
-            server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
-            if other:
-                server.preload([seq(9, other)], None)
-            a = task("a", seq(1, 1000), 3)
-            run(server, [(0.0, a)])
-            tokens.append(a.tokens)
+        tokens = beside_other_cells(dataclasses.replace(COSTS, per_token_per_kv_ms=0.1))
         assert tokens[1][0] - tokens[0][0] == pytest.approx(0.1 * 1000 * 20_000 / 1000 / 1000.0)
         assert tokens[1][2] - tokens[1][1] == pytest.approx(tokens[0][2] - tokens[0][1])
 
