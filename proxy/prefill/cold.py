@@ -1,5 +1,6 @@
-"""Which requests are cold (rule 1 of `PrefillPolicy`): by their new tokens, and, while others
-generate, by how long sending them whole would stall the streams. Pure: numbers in, a reason out.
+"""When a request under `cold_tokens` is cold all the same (rule 1 of `PrefillPolicy`): while
+others generate, by how long sending it whole would stall the streams. Pure: numbers in, a reason
+out.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ prompt is a short turn's, and its own first token would pay one pause or more pe
 stall the streams already take from every short turn of the day."""
 
 
-def cold_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
-                decoders: int) -> str | None:
-    """Why `req` is cold, or None when it is not. `decoders`: the requests generating now. The
-    stall is judged only once the batch cost has measured this server: its prior is a guess."""
-    if req.est_new_tokens >= cfg.cold_tokens:
-        return f"cold ({req.est_new_tokens:,} new tokens >= cold_tokens {cfg.cold_tokens:,})"
+def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
+                 decoders: int) -> str | None:
+    """Why `req`, under `cold_tokens`, is cold all the same, or None when it is not. `decoders`:
+    the requests generating now. The stall is judged only once the batch cost has measured this
+    server: its prior is a guess."""
     if (cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS
             or not model.measured):
         return None

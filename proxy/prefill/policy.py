@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCostModel
-from proxy.prefill.cold import cold_reason
+from proxy.prefill.cold import stall_reason
 from proxy.prefill.events import (
     Admit,
     Arrived,
@@ -331,13 +331,13 @@ class PrefillPolicy:
     def _arrive(self, req: Arrived, now: float) -> list[Decision]:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
-        cold = (None if self._cfg.mode == "off"
-                else cold_reason(self._cfg, self._cost, req, self._n_batch,
-                                 self._use.decoders()))
-        if (cold is not None and req.est_new_tokens < self._cfg.cold_tokens
-                and len(self._plans) > self._cfg.max_waiting):
-            cold = None  # cold by its stall only: sent whole rather than refused
-        goes_now = cold is None
+        by_tokens = req.est_new_tokens >= self._cfg.cold_tokens
+        by_stall = (None if self._cfg.mode == "off" or by_tokens
+                    else stall_reason(self._cfg, self._cost, req, self._n_batch,
+                                      self._use.decoders()))
+        if by_stall is not None and len(self._plans) > self._cfg.max_waiting:
+            by_stall = None  # cold by its stall only: sent whole rather than refused
+        goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
         taken = self._taken()
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
             return [Hold(req_id, self._line.hold(req))]
@@ -355,8 +355,8 @@ class PrefillPolicy:
                else "waiting for its turn" if self._plans else "others generating" if self._use
                else "a warm-up's piece in flight" if self._warm_pieces
                else "a save of kept KV in flight")
-        if req.est_new_tokens < self._cfg.cold_tokens:  # cold by its stall: the record says so
-            self._notes[req_id] = self._noted(req_id, str(cold))
+        if by_stall is not None:  # the record says why it was cold
+            self._notes[req_id] = self._noted(req_id, by_stall)
         self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
         decided = self._advance(now)
         if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
