@@ -284,6 +284,30 @@ class TestCommandLine:
         assert figures(loaded(quick))["short_ttft_p90_s"] == pytest.approx(1.0)
         assert figures(loaded([*quick, starved]))["short_ttft_p90_s"] > 1.0
 
+    def test_logs_of_one_day_are_compared_over_the_requests_both_have(self) -> None:
+        measured = [{**record(f"u-{i}", float(i), "a", 300, 0, 10), "ttft_ms": 1000.0}
+                    for i in range(10)]
+        extra = [{**record(f"late-{i}", 30.0 + i, "b", 300, 0, 10), "ttft_ms": 60_000.0}
+                 for i in range(2)]
+        predicted = loaded([*measured, *extra])
+        short = next(r for r in compare(predicted, loaded(measured))
+                     if r.key == "short_ttft_p90_s")
+        assert short.error == pytest.approx(0.0)  # the real day ended before the late ones
+        renamed = loaded([{**r, "id": f"x{r['id']}"} for r in [*measured, *extra]])
+        other = next(r for r in compare(renamed, loaded(measured)) if r.key == "short_ttft_p90_s")
+        assert other.error is not None and other.error > 0.5  # another day's log: taken whole
+
+    def test_a_request_the_measured_log_could_not_size_is_never_cold_in_the_prediction(self) -> None:
+        colds = [{**record(f"c-{i}", 10.0 * i, "a", 3000, 0, 10), "ttft_ms": 10_000.0}
+                 for i in range(2)]
+        cut = {**record("cut", 30.0, "b", 3000, 0, 10), "ttft_ms": 2000.0}
+        unsized = {**cut, "outcome": "client_gone", "timings": None, "prompt_tokens": None,
+                   "computed_tokens": None, "total_ms": 5000.0}
+        rows = {r.key: r for r in compare(loaded([*colds, cut]), loaded([*colds, unsized]))}
+        assert rows["cold_ttft_s"].predicted == rows["cold_ttft_s"].measured == pytest.approx(10.0)
+        assert rows["short_ttft_p90_s"].predicted == pytest.approx(2.0)
+        assert rows["short_ttft_p90_s"].measured == pytest.approx(2.0)
+
 
 class TestSpeed:
     def test_a_day_of_a_thousand_requests_replays_in_seconds(self) -> None:

@@ -1,7 +1,13 @@
 """The figures a what-if is checked by (issue 21), from any timing log, and a prediction against a
 measured run of the same workload: the cold requests' time to first token, the streams' rate and
-longest gap while a cold prompt is computed, short turns' p90 time to first token. The runs have
-different request ids, so each figure is taken over its whole log. Pure.
+longest gap while a cold prompt is computed, short turns' p90 time to first token. Pure.
+
+Logs of the same scripted day (`bench day` names its requests) are compared over the requests both
+have: the measured day may end before a request the recorded one played, or play one more, and
+over twenty short turns one request more or less moves the p90 to another rank. Logs with other
+ids are compared whole. A request the measured log could not size (its client left, or the
+recording ended, before llama-server said its sizes) counts in the prediction as in the
+measured log: never cold, whatever size the prediction knew.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from proxy.report.records import COMPLETION_KINDS, RecordLine, is_turn, new_toke
 
 SHORT_TOKENS = 1000
 """A short turn computes fewer new prompt tokens than this (the field report's definition)."""
+SHARED_IDS = 0.5
+"""Two logs whose generation requests share at least this share of the measured one's ids are the
+same day's (compared over the shared ones)."""
 FIGURES = (
     ("cold_ttft_s", "cold requests' time to first token (s, median)"),
     ("stream_rate", "streams' rate while a cold prompt is computed (tok/s)"),
@@ -24,9 +33,14 @@ FIGURES = (
 )
 
 
-def figures(records: Sequence[RecordLine], cold_tokens: int = 2000) -> dict[str, float | None]:
+def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
+            unsized: Mapping[str, bool] | None = None) -> dict[str, float | None]:
+    """`unsized`: ids another log could not size, each with whether that log counts it among the
+    short turns; here they count the same way (never cold), whatever size this log knows."""
+    unsized = unsized or {}
     turns = [r for r in records if is_turn(r)]
-    cold = {str(r.get("id")): r for r in turns if (new_tokens(r) or 0) >= cold_tokens}
+    cold = {str(r.get("id")): r for r in turns
+            if str(r.get("id")) not in unsized and (new_tokens(r) or 0) >= cold_tokens}
     ttfts = [t / 1000.0 for r in cold.values() if (t := num(r, "ttft_ms")) is not None]
     events = ms = 0.0
     gaps = []
@@ -39,8 +53,8 @@ def figures(records: Sequence[RecordLine], cold_tokens: int = 2000) -> dict[str,
         ms += sum(num(ov, "decode_ms") or 0.0 for ov in inside)
         if (gap := num(record, "gap_max_ms")) is not None:
             gaps.append(gap / 1000.0)
-    short = sorted(t / 1000.0 for r in records if (new_tokens(r) or 0) < SHORT_TOKENS
-                   and (t := _first_token_ms(r)) is not None)
+    short = sorted(t / 1000.0 for r in records if unsized.get(
+        str(r.get("id")), (new_tokens(r) or 0) < SHORT_TOKENS) and (t := _first_token_ms(r)) is not None)
     return {
         "cold_ttft_s": statistics.median(ttfts) if ttfts else None,
         "stream_rate": events / (ms / 1000.0) if ms > 0 else None,
@@ -81,8 +95,24 @@ class Row:
 
 def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
             cold_tokens: int = 2000) -> list[Row]:
-    p, m = figures(predicted, cold_tokens), figures(measured, cold_tokens)
+    both = _ids(predicted) & _ids(measured)
+    if len(both) >= SHARED_IDS * len(_ids(measured)):
+        predicted = [r for r in predicted if str(r.get("id")) in both]
+        measured = [r for r in measured if str(r.get("id")) in both]
+    unsized = {str(r.get("id")): _first_token_ms(r) is not None for r in measured
+               if r.get("kind") in COMPLETION_KINDS and new_tokens(r) is None}
+    p, m = figures(predicted, cold_tokens, unsized), figures(measured, cold_tokens)
     return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
+
+
+def shared(predicted: Sequence[RecordLine], measured: Sequence[RecordLine]) -> int | None:
+    """How many requests `compare` takes from each log, when it takes the ones both have."""
+    both = _ids(predicted) & _ids(measured)
+    return len(both) if len(both) >= SHARED_IDS * len(_ids(measured)) else None
+
+
+def _ids(records: Sequence[RecordLine]) -> set[str]:
+    return {str(r.get("id")) for r in records if r.get("kind") in COMPLETION_KINDS}
 
 
 def passed(rows: Sequence[Row], tolerance: float) -> bool:

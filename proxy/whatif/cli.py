@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.report.records import InputError, RecordLine, load_timing_log
-from proxy.whatif.check import FIGURES, compare, passed, show
+from proxy.whatif.check import FIGURES, compare, passed, shared, show
 from proxy.whatif.costs import KEYS, CostsError, load_costs
 from proxy.whatif.predict import Inputs, Prediction, predict
 from proxy.whatif.settings import SERVER_KEYS, SettingsError, load_config_data
@@ -142,6 +142,8 @@ def _check(p: Prediction, measured: list[RecordLine], tolerance: float, cold: in
     predicted = [r.to_dict() for r in p.outcome.records]
     rows = compare(predicted, measured, cold)
     width = max(len(label) for _, label in FIGURES)
+    if (n := shared(predicted, measured)) is not None:
+        print(f"over the {n} generation requests both logs have (by id)", file=sys.stdout)
     print(f"{'figure'.ljust(width)}  predicted  measured   error", file=sys.stdout)
     for row in rows:
         error = row.error

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.record.outcome import Outcome as RecordOutcome
 from proxy.record.schema import Record
 from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
 from proxy.report.serverlog import parse_server_log
@@ -26,6 +27,7 @@ from proxy.whatif.calibrate import (
     observations,
 )
 from proxy.whatif.costs import Costs, CostsFile
+from proxy.whatif.cutsizes import cut_sizes, seen_by_task
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
@@ -90,6 +92,14 @@ def server_tasks(inputs: Inputs) -> list[Task] | None:
     return rebuild_tasks(parse_server_log(inputs.server_log).events)
 
 
+def sizes_of_cut(inputs: Inputs, tasks: Sequence[Task] | None) -> dict[str, tuple[int, int]]:
+    """The sizes the server log shows of requests whose client left before their timings."""
+    if tasks is None or inputs.server_log is None:
+        return {}
+    seen = seen_by_task(parse_server_log(inputs.server_log).events, inputs.server_log)
+    return cut_sizes(tasks, inputs.records, seen)
+
+
 def calibrate(inputs: Inputs, server: ServerSettings,
               tasks: Sequence[Task] | None = None) -> Calibration:
     spans = [record_to_span(r) for r in inputs.records
@@ -120,10 +130,11 @@ def predict(inputs: Inputs) -> Prediction:
     recorded, whatif, _, notes = settings_of(inputs)
     tasks = server_tasks(inputs)
     cal = calibrate(inputs, recorded.server, tasks)
+    cut = sizes_of_cut(inputs, tasks)
     workload = reconciled(inputs.records, recorded, cal.costs,
-                          used_before(tasks, inputs.records) if tasks else [])
+                          used_before(tasks, inputs.records) if tasks else [], cut)
     outcome = Replay(workload, whatif, cal.costs).run()
-    outcome.records = unsized(outcome.records, set(workload.guessed))
+    outcome.records = unsized(outcome.records, set(workload.guessed), set(cut))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
                    + [(str(r.get("start")), _line(r)) for r in workload.copied])
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
@@ -157,11 +168,12 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
 
 
 def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
-               used: Sequence[int] = ()) -> Workload:
+               used: Sequence[int] = (),
+               sizes: dict[str, tuple[int, int]] | None = None) -> Workload:
     """The workload, with the clients taken to have come back to their history (requests.py)
     checked against a replay of the recorded settings: where that replay finds cached what the
     recording did not, the history was rewritten, not lost."""
-    workload = build_workload(records)
+    workload = build_workload(records, sizes=sizes)
     workload.used_before = list(used)
     if not workload.returns:
         return workload
@@ -170,16 +182,20 @@ def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
                  found.get(j.id, 0) > j.recorded_cache + max(64, j.prompt_tokens // 10)}
     if not rewritten:
         return workload
-    again = build_workload(records, rewritten=rewritten)
+    again = build_workload(records, rewritten=rewritten, sizes=sizes)
     again.used_before = list(used)
     return again
 
 
-def unsized(records: list[Record], guessed: set[str]) -> list[Record]:
+def unsized(records: list[Record], guessed: set[str],
+            cut: Collection[str] = ()) -> list[Record]:
     """The guessed requests' records without the sizes and timings the log did not have: the
-    replay gave them a prompt to hold their place, not a size to report."""
+    replay gave them a prompt to hold their place, not a size to report. So too the records of
+    requests sized from the server log (`cut`) whose client left before the end in the what-if
+    as well: the log they were recorded in says no sizes for a request its client left."""
     return [dataclasses.replace(r, prompt_tokens=None, computed_tokens=None, timings=None)
-            if r.id in guessed else r for r in records]
+            if r.id in guessed or (r.id in cut and r.outcome is RecordOutcome.CLIENT_GONE) else r
+            for r in records]
 
 
 def _line(record: RecordLine) -> bytes:

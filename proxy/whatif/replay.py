@@ -109,7 +109,8 @@ class Replay:
         self._live[live.key] = live
         self._by_flight[flight] = live
         if job.patience_s is not None:
-            self._at(now + job.patience_s, lambda t: self._gone(live, t))
+            leaves = job.cut_at if job.cut_at is not None else now + job.patience_s
+            self._at(max(now, leaves), lambda t: self._gone(live, t))
         if self.policy.mode == "off":
             self._apply(self.policy.arrived(live.key, 0, 0, now), now)
             return

@@ -41,6 +41,8 @@ REPLAYED = frozenset({"done", "client_gone", "rejected", "shutdown"})
 SEARCH_BACK = 256
 """How many earlier requests of other clients a prompt's cached prefix is looked for in."""
 MAX_OVERHEAD_S = 2.0
+CUT_SLACK_S = 1.0
+"""A client that left this close to the log's last moment was cut by the log's end."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class Job:
     """Its client left without a first token and without sizes: it waited (in the queue or in a
     slot whose batches it never entered) the whole time, and its size is unknown, so the replay
     keeps its place and never computes it."""
+    cut_at: float | None = None
+    """Epoch seconds: its client was still waiting when the log ended (the recording stopped, not
+    the client); in the replay it leaves then, whatever it waited, and a reply over by then is
+    whole."""
     after: str | None = None
     """The client's previous request, when this one was sent after that one ended (a user reads
     the reply, then types): the replay sends it `think_s` after that request's end there."""
@@ -101,9 +107,11 @@ class Workload:
 
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
-                   rewritten: Collection[str] = ()) -> Workload:
+                   rewritten: Collection[str] = (),
+                   sizes: Mapping[str, tuple[int, int]] | None = None) -> Workload:
     """`rewritten`: ids of requests known not to have come back to their history (a replay of
-    the recorded settings found it cached where the recording did not)."""
+    the recorded settings found it cached where the recording did not); `sizes`: id → (prompt,
+    cached) of requests whose client left before the server said them, as its log shows."""
     records = sorted(records, key=start_of)
     work = Workload()
     typical = _typical_generated(records)
@@ -111,6 +119,8 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
     ids = SegmentIds()
     by_client: dict[str | None, list[Job]] = {}
     last: dict[str, RecordLine] = {}
+    log_end = max((start_of(r) + (num(r, "total_ms") or 0.0) / 1000.0 for r in records),
+                  default=0.0)
     for record in records:
         kind = record.get("kind")
         if kind in OWN_KINDS:
@@ -121,7 +131,11 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
         if isinstance(client, str):
             last[client] = record
         shape = _shape(record, typical)
-        if shape is None and _left_unsized(record):
+        known = (sizes or {}).get(str(record.get("id")))
+        if shape is None and _left_unsized(record) and known is not None:
+            events = int(num(record, "events") or 0)
+            shape = _Shape(known[0], min(known[1], known[0] - 1), max(typical, events, 1))
+        elif shape is None and _left_unsized(record):
             shape = _Shape(usual_prompt, 0, typical)
             work.guessed.append(str(record.get("id")))
         if kind not in COMPLETION_KINDS or record.get("outcome") not in REPLAYED or shape is None:
@@ -133,6 +147,9 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
             job = dataclasses.replace(job, starved=True)
         if previous is not None:
             job = _reacting(job, previous, work.jobs, return_gap_s)
+        if job.patience_s is not None and job.arrival + job.patience_s >= log_end - CUT_SLACK_S \
+                and str(record.get("id")) not in work.guessed:
+            job = dataclasses.replace(job, cut_at=log_end)
         work.jobs.append(job)
         if job.client is not None:
             by_client.setdefault(job.client, []).append(job)
