@@ -19,10 +19,13 @@ from rich.table import Table
 from proxy.bench import day_talk as talk
 from proxy.bench.day import (
     DAY_SETUPS,
+    DEFAULT_PATHS,
     OTHER_LORA,
+    PATHS,
     Act,
     DayPlan,
     Step,
+    chunk_tables,
     plan_day,
     server_args,
     slotwise_tables,
@@ -142,6 +145,12 @@ def test_slotwise_has_everything_on() -> None:
     assert tables["warm"]["enabled"] is True
     assert tables["keep_kv"] == {"enabled": True, "dir": "/kv", "min_tokens": 1024}
     assert slotwise_tables(plan, "/kv", yesterday=True)["keep_kv"]["save_after_idle_s"] == 1.0
+
+
+def test_the_chunk_path_turns_on_chunk_alone_and_is_played_only_when_asked() -> None:
+    plan = plan_day()
+    assert chunk_tables(plan) == {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens}}
+    assert "chunk" in PATHS and "chunk" not in DEFAULT_PATHS
 
 
 def test_keep_kv_saves_the_returning_histories_at_any_scale() -> None:
@@ -397,10 +406,10 @@ def test_unknown_setups_and_paths_are_refused_by_name() -> None:
 
 def test_run_day_stops_before_any_server_on_an_unknown_path(
         capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(setups="report", paths="direct,chunk", scale=1.0, preset="tiny",
+    args = argparse.Namespace(setups="report", paths="direct,chonk", scale=1.0, preset="tiny",
                               repeat=1, seed=19, json=False)
     assert run_day(args) == 2
-    assert "--paths: unknown chunk" in capsys.readouterr().err
+    assert "--paths: unknown chonk" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "x", "11"])
@@ -519,7 +528,6 @@ def test_a_tiny_day_is_played_on_every_path(llama_server_binary: object, tmp_pat
     the report's tables and the day's figures made from each path's records."""
     from pathlib import Path
 
-    from proxy.bench.day import PATHS
     from proxy.bench.day_run import run_path
     from proxy.testbed.model import write_model
 

@@ -211,9 +211,13 @@ DAY_SETUPS: dict[str, tuple[str, ...]] = {"report": FIELD_ARGS, **SETUPS}
 docs/prefill.md recommends; the other set-ups of `bench contention` by name. Their `-c` is replaced
 by what the day needs."""
 DEFAULT_SETUPS = ("report", "recommended")
-PATHS = {"direct": "direct", "b512": "direct -b 512", "slotwise": "slotwise"}
+PATHS = {"direct": "direct", "b512": "direct -b 512", "slotwise": "slotwise",
+         "chunk": "slotwise chunk only"}
 """Short names (for `--paths`) and column labels: llama-server with its default batch, with the
-report's fix, and slotwise with everything on."""
+report's fix, slotwise with everything on, and slotwise with `prefill.mode = "chunk"` alone (what
+`slotwise whatif --set prefill.mode=chunk` predicts from a direct day; not played by default)."""
+DEFAULT_PATHS = ("direct", "b512", "slotwise")
+THROUGH_SLOTWISE = ("slotwise", "chunk")
 
 
 def server_args(setup: Sequence[str], path: str, ctx_per_slot: int) -> list[str]:
@@ -249,3 +253,9 @@ def slotwise_tables(plan: DayPlan, save_dir: str, *, yesterday: bool = False
     return {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens},
             "lora": {"mode": "fixed", "adapters": [dict(a) for a in FIXED_LORA]},
             "warm": {"enabled": True}, "keep_kv": keep}
+
+
+def chunk_tables(plan: DayPlan) -> dict[str, dict[str, Any]]:
+    """slotwise with `chunk` alone: LoRA settings as the clients send them, no warm-ups, no kept
+    KV."""
+    return {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens}}

@@ -12,7 +12,15 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from proxy.bench.day import DAY_SETUPS, DEFAULT_SETUPS, PATHS, DayPlan, plan_day, server_args
+from proxy.bench.day import (
+    DAY_SETUPS,
+    DEFAULT_PATHS,
+    DEFAULT_SETUPS,
+    PATHS,
+    DayPlan,
+    plan_day,
+    server_args,
+)
 from proxy.bench.day_tables import REPORT_KEYS, day_grid, report_grid
 from proxy.bench.harness import temp_dir
 from proxy.bench.output import print_table
@@ -26,8 +34,10 @@ def add_day(commands: Any) -> None:
                      help="llama-server set-ups, comma-separated: report (the field report's "
                           f"-np 4 -kvu), {', '.join(n for n in DAY_SETUPS if n != 'report')} "
                           f"(default {','.join(DEFAULT_SETUPS)})")
-    cmd.add_argument("--paths", default=",".join(PATHS),
-                     help=f"paths, comma-separated (default {','.join(PATHS)})")
+    cmd.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                     help=f"paths, comma-separated: {', '.join(PATHS)} (default "
+                          f"{','.join(DEFAULT_PATHS)}; chunk: slotwise with prefill.mode = chunk "
+                          "alone, to check `slotwise whatif --set prefill.mode=chunk` against)")
     cmd.add_argument("--scale", type=_scale, default=1.0,
                      help="token sizes, think times and turns of the day (default 1: histories of "
                           "4,000-6,000 tokens, about 15 minutes for the default set-ups and paths; "

@@ -18,7 +18,17 @@ import aiohttp
 import orjson
 
 from proxy.bench import day_talk as talk
-from proxy.bench.day import PURPOSE, Act, DayPlan, Step, User, server_args, slotwise_tables
+from proxy.bench.day import (
+    PURPOSE,
+    THROUGH_SLOTWISE,
+    Act,
+    DayPlan,
+    Step,
+    User,
+    chunk_tables,
+    server_args,
+    slotwise_tables,
+)
 from proxy.bench.day_records import Call, client_records, day_figures
 from proxy.bench.day_tables import report_tables
 from proxy.bench.harness import StreamResult, timed_stream
@@ -170,13 +180,15 @@ def _day(model: ModelFiles, plan: DayPlan, args: list[str], path: str, work: Pat
     the tables come from (slotwise's own, or the client's for a direct path), slotwise's records."""
     with _server(model, args, work / "llama-server.log") as server:
         asyncio.run(first_request(server.url))  # a fresh server's first request sets it up
-        if path != "slotwise":
+        if path not in THROUGH_SLOTWISE:
             calls, offset, refused = asyncio.run(play_day(server.url, plan, warm=False))
             return calls, _client_log(work, calls, offset), [], refused
-        with SlotwiseProcess(server.url, work / "slotwise",
-                             **slotwise_tables(plan, str(save))) as sw:
-            asyncio.run(_wait_keep(sw))
-            calls, offset, refused = asyncio.run(play_day(sw.url, plan, warm=True))
+        everything = path == "slotwise"
+        tables = slotwise_tables(plan, str(save)) if everything else chunk_tables(plan)
+        with SlotwiseProcess(server.url, work / "slotwise", **tables) as sw:
+            if everything:
+                asyncio.run(_wait_keep(sw))
+            calls, offset, refused = asyncio.run(play_day(sw.url, plan, warm=everything))
         _client_log(work, calls, offset)  # kept beside slotwise's, to compare
         return calls, _load(sw.timing_path), sw.records(), refused
 
