@@ -12,11 +12,12 @@ import pytest
 
 from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError
-from proxy.prefill.events import Load, Restorable, Sizer
+from proxy.prefill.events import Decision, Load, Restorable, Sizer
 from proxy.prefill.feeder import PieceError, PieceResult
-from proxy.prefill.gate import PrefillGate
+from proxy.prefill.gate import STUCK_PAUSE_S, PrefillGate
 from proxy.prefill.hooks import Restored
 from proxy.prefill.layout import ServerLayout
+from proxy.prefill.policy import PrefillPolicy
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
@@ -521,3 +522,34 @@ async def test_a_cold_arrival_during_a_warm_piece_waits_for_it_then_goes_at_full
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_wake_up_the_policy_leaves_in_the_past_does_not_spin_the_loop(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A policy bug that keeps asking for a tick already given (one such, a cold request waiting
+    for a slot, spun a core beside llama-server) costs a tick every STUCK_PAUSE_S, said once."""
+
+    class Stuck(PrefillPolicy):
+        ticks = 0
+
+        def next_wakeup(self) -> float | None:
+            return 0.5
+
+        def on_tick(self, now: float) -> list[Decision]:
+            Stuck.ticks += 1
+            return []
+
+    config = PrefillConfig(mode="chunk")
+    clock = Clock()
+    clock.now = 1.0
+    gate = PrefillGate(config=config, estimator=FakeEstimator(),  # type: ignore[arg-type]
+                       feeder=FakeFeeder(), registry=Registry(), clock=clock,  # type: ignore[arg-type]
+                       policy=Stuck(config, n_batch=config.n_batch))
+    loop = asyncio.create_task(gate.run())
+    try:
+        await asyncio.sleep(0.3)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert 2 <= Stuck.ticks <= 0.3 / STUCK_PAUSE_S + 2
+    assert sum("a policy bug" in r.message for r in caplog.records) == 1

@@ -703,6 +703,16 @@ class TestRule12EverySlotUserCounts:
         assert p.on_tick(1.0) == []  # no piece: it would only queue in the server
         assert kinds(p.on_finished("s", 2.0)) == ["FeedPiece"]  # nobody generating: idle pieces
 
+    def test_a_cold_request_waiting_for_a_slot_asks_for_no_wake_up(self) -> None:
+        """Only a freed slot moves it on: a wake-up time already past, with nothing to do then,
+        had the gate's loop call `on_tick` back to back, a core spinning beside llama-server
+        (found by `slotwise whatif --set prefill.mode=chunk`, whose replay never ended)."""
+        p = policy(slots=1)
+        busy(p)
+        p.on_arrival("c", 5000, 5000, 0.0)
+        assert p.next_wakeup() is None
+        assert kinds(p.on_finished("s", 2.0)) == ["FeedPiece"]
+
     def test_short_requests_take_a_freed_slot_before_a_cold_request_s_first_piece(self) -> None:
         p = policy(slots=1)
         busy(p)

@@ -45,6 +45,10 @@ from proxy.request.endpoints import GENERATING
 from proxy.request.errors import Rejected
 
 log = logging.getLogger("slotwise.prefill")
+STUCK_PAUSE_S = 0.05
+"""A wake-up still asked for after the tick it asked for, nothing having moved it, is a policy's
+bug; rather than call `on_tick` back to back (a core spinning beside llama-server), the loop then
+waits this long between ticks, and says so once."""
 
 QUIET_REASONS = ("not cold", "prefill.mode off")
 """Admission reasons not worth a `policy_note` in the record (the usual case)."""
@@ -95,6 +99,7 @@ class PrefillGate:
         self._keep = keep
         """What a kept file could spare a request, and its restore when the policy says so; its
         looks at the slots and its saves run in this gate's loop."""
+        self._warned_stuck = False
         self._sharers = Sharers(self._policy, clock, self._wake, self._apply, keep=keep, warm=warm)
         """The warm-ups and the keeper's looks and saves, in this gate's loop."""
 
@@ -301,6 +306,7 @@ class PrefillGate:
         """The one loop acting on llama-server's time: the warm-ups' turn, the keeper's, then the
         policy's tick at its next wakeup; any decision applied, a request's phase, a warm piece's
         end or a look's wakes it."""
+        overdue: float | None = None  # the last wake-up found already past
         while True:
             self._wake.clear()
             sharers_at = self._sharers.tick()
@@ -308,15 +314,27 @@ class PrefillGate:
                          default=None)
             delay = None if wakeup is None else wakeup - self._clock()
             if delay is None or delay > 0:
+                overdue = None
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
                 # comes with a wake-up, and this loop would then never stop.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
+            elif wakeup is not None and wakeup == overdue:  # its tick moved nothing: never spin
+                self._stuck(wakeup)
+                await asyncio.sleep(STUCK_PAUSE_S)
             else:
+                overdue = wakeup
                 await asyncio.sleep(0)  # never starve the handlers, even when overdue
             if wakeup is not None and self._clock() >= wakeup:
                 self.tick()
+
+    def _stuck(self, wakeup: float) -> None:
+        if not self._warned_stuck:
+            self._warned_stuck = True
+            log.warning("prefill: a wake-up %.3f s past still asked for after its tick (a policy "
+                        "bug): the loop now waits %g s between such ticks; state: %s",
+                        self._clock() - wakeup, STUCK_PAUSE_S, self._policy.snapshot())
 
     async def close(self) -> None:
         """Stop the pieces in flight (their connections close; the server cancels them)."""

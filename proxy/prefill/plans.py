@@ -192,10 +192,13 @@ class ColdPlans:
             return None
         if server.cfg.mode == "defer":
             return min(p.deadline for p in self.held.values())
-        holds = [p.hold_until for p in self.held.values() if p.hold_until is not None]
+        # A plan with no slot to go into moves on when one frees (an event), never by the clock:
+        # a time already past would have the wake loop call `on_tick` back to back for nothing.
+        able = [p for p in self.held.values() if server.takes(p)]
+        holds = [p.hold_until for p in able if p.hold_until is not None]
         active = self.active()
-        if (active is None or active.piece_upto is not None or active.hold_until is not None
-                or server.other_piece):
+        if (not able or active is None or active.piece_upto is not None
+                or active.hold_until is not None or server.other_piece):
             pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
         elif active.behind:
             pieces = self.next_piece_at

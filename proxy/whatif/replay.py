@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject
+from proxy.prefill.gate import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
 from proxy.whatif.costs import Costs
@@ -69,6 +70,8 @@ class Replay:
         self._live: dict[str, _Live] = {}
         self._by_flight: dict[Flight, _Live] = {}
         self._tick_at: float | None = None
+        self._ticked_for: float | None = None  # the wake-up the last tick was for, and when
+        self._ticked_at = 0.0
         self._found: dict[str, int] = {}
         self._now = 0.0
         self._next_turns: dict[str, list[Job]] = {}
@@ -248,6 +251,8 @@ class Replay:
 
     def _schedule_tick(self) -> None:
         wake = self.policy.next_wakeup()
+        if wake is not None and wake == self._ticked_for:  # as the gate's loop: never back to back
+            wake = max(wake, self._ticked_at + STUCK_PAUSE_S)
         if wake is None or (self._tick_at is not None and self._tick_at <= wake):
             return
         self._tick_at = wake = max(wake, self._now)
@@ -259,4 +264,5 @@ class Replay:
         self._tick_at = None
         wake = self.policy.next_wakeup()
         if wake is not None and now >= wake:
+            self._ticked_for, self._ticked_at = wake, now
             self._apply(self.policy.tick(now), now)
