@@ -535,6 +535,23 @@ class TestRule8ShortRequestsBetweenPieces:
 
 
 class TestRule9CostLearning:
+    def test_pieces_are_priced_beside_the_cells_the_streams_hold(self) -> None:
+        """One shared KV (`batch_cost.py`'s h and i): beside streams whose histories fill the
+        cache, each token of a piece costs more, so the piece that fits `max_stall_ms` is smaller."""
+        def first_piece(stream_prompt: int) -> int:
+            cost = BatchCostModel(BatchCost(fixed_ms=10.0, per_token_ms=0.5, per_token_per_kctx_ms=0.0,
+                                            per_decoder_ms=0.0, per_token_per_kcells_ms=0.1))
+            p = PrefillPolicy(dataclasses.replace(PrefillConfig(mode="chunk", cold_tokens=COLD,
+                                                                max_stall_ms=256.5)),
+                              n_batch=2048, cost=cost)
+            p.on_arrival("s", 50, stream_prompt, 0.0)
+            p.on_first_token("s", 0.0)
+            decided = p.on_arrival("c", 5000, 5000, 1.0)
+            return next(d.upto_tokens for d in decided if isinstance(d, FeedPiece))
+
+        assert first_piece(500) == 448  # 10 + 0.55 ms a token: the largest within 256.5 ms
+        assert first_piece(15_000) == 64  # 10 + 2.0 ms a token beside 15,000 cells: 128 take 266
+
     def test_starts_at_the_prior(self) -> None:
         snap = policy(tps=700.0).snapshot()
         assert snap.cost.source == "prior" and snap.cost.samples == 0
@@ -968,7 +985,7 @@ class TestRule15WarmUps:
         p = policy()
         for name in ("s1", "s2", "s3"):
             busy(p, name)
-        assert p.warm_load(5.0) == Load(busy=True, decoders=3)
+        assert p.warm_load(5.0) == Load(busy=True, decoders=3, cells=1500)  # their prompts
 
     def test_a_held_cold_request_or_a_waiting_restore_stops_them(self) -> None:
         p = policy()

@@ -1,11 +1,12 @@
-"""What one batch of prompt tokens costs on this server: a five-coefficient model fitted online.
+"""What one batch of prompt tokens costs on this server: a seven-coefficient model fitted online.
 
 Pure: observations in, predictions out; no clock, no I/O, no log. The strategy (`strategy.py`) sizes
 pieces with it; the policy owns the only instance and feeds it every piece and every finished prefill.
 
-The form: a batch of n new tokens after a prefix of x tokens, with d other slots decoding, takes
+The form: a batch of n new tokens after a prefix of x tokens, with d other slots decoding and the
+other requests in flight holding m cells (their prompts' tokens), takes
 
-    t(n, x, d) = a + g·x/1000 + b·n + c·n·(x + n/2)/1000 + e·d      (ms)
+    t(n, x, d, m) = a + g·x/1000 + b·n + c·n·(x + n/2)/1000 + e·d + h·n·m/1000 + i·m/1000   (ms)
 
 a: the fixed part (reading the weights, thread start-up); g: the part of the fixed part that grows
 with the context, per 1,000 tokens (each batch reads the whole context's KV once, whatever its size);
@@ -19,6 +20,13 @@ A prompt of N tokens after x cached, computed in k = ceil(N / n_batch) batches o
 one the rest), takes k·(a + e·d) + g·(k·x + n_batch·k(k-1)/2)/1000 + b·N + c·N·(x + N/2)/1000: the
 attention sum does not depend on how the prompt is cut, so a finished prefill is one linear
 observation like a piece.
+h and i are the other slots' cells, on one KV cache shared by every slot (`-kvu`, automatic slots):
+there each prompt token scans the mask over every cell in use, and each decoding slot's token rides
+in a prompt's 64-row query tile over its own cells (`slotwise whatif` measured both from the server
+log: 0.13-0.19 ms per prompt token and 13-34 ms per micro-batch, per 1,000 cells). Without them a
+model fitted in the morning priced a post-summary turn's 640-token piece at 888 ms beside three
+streams whose histories filled the cache; it took 3.27 s (`bench day`). With a KV per slot they
+stay near 0 (the prior's). slotwise cannot tell the two layouts apart (`layout.py`), so the fit does.
 
 The fit: non-negative least squares over the last `window` observations, each weighted by
 `forgetting`**age and its error measured relative to its time (a 2 s batch and a 20 ms one count
@@ -43,8 +51,8 @@ from statistics import median
 import numpy as np
 import numpy.typing as npt
 
-Row = tuple[float, float, float, float, float]
-"""One observation's features, in the order of the coefficients a, b, c, e, g."""
+Row = tuple[float, float, float, float, float, float, float]
+"""One observation's features, in the order of the coefficients a, b, c, e, g, h, i."""
 
 
 @dataclass(frozen=True)
@@ -61,18 +69,24 @@ class BatchCost:
     """e: per other slot decoding one token in the same batch."""
     per_kctx_ms: float = 0.0
     """g: per batch, per 1,000 tokens of context in the slot (read once by each batch)."""
+    per_token_per_kcells_ms: float = 0.0
+    """h: per prompt token, per 1,000 cells the other requests in flight hold (one shared KV)."""
+    per_kcells_ms: float = 0.0
+    """i: per batch, per 1,000 cells the other requests in flight hold (one shared KV)."""
 
-    def batch_ms(self, tokens: int, ctx: int, decoders: int = 0) -> float:
-        """One batch of `tokens` new tokens after `ctx` tokens already in the slot."""
-        return self.time_ms(batch_row(tokens, ctx, decoders))
+    def batch_ms(self, tokens: int, ctx: int, decoders: int = 0, cells: int = 0) -> float:
+        """One batch of `tokens` new tokens after `ctx` tokens already in the slot, beside
+        `decoders` decoding slots and `cells` cells of other requests."""
+        return self.time_ms(batch_row(tokens, ctx, decoders, cells))
 
-    def prompt_ms(self, tokens: int, ctx: int, n_batch: int, decoders: int = 0) -> float:
+    def prompt_ms(self, tokens: int, ctx: int, n_batch: int, decoders: int = 0,
+                  cells: int = 0) -> float:
         """`tokens` new tokens after `ctx` cached, computed in batches of at most `n_batch`."""
-        return self.time_ms(prompt_row(tokens, ctx, n_batch, decoders))
+        return self.time_ms(prompt_row(tokens, ctx, n_batch, decoders, cells))
 
     def as_tuple(self) -> Row:
         return (self.fixed_ms, self.per_token_ms, self.per_token_per_kctx_ms, self.per_decoder_ms,
-                self.per_kctx_ms)
+                self.per_kctx_ms, self.per_token_per_kcells_ms, self.per_kcells_ms)
 
     def time_ms(self, row: Row) -> float:
         """The time of an observation with these features (`batch_row`, `prompt_row`)."""
@@ -82,22 +96,25 @@ class BatchCost:
 PRIOR = BatchCost(fixed_ms=20.0, per_token_ms=2.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0)
 """Before any measurement: 64 tokens in ~150 ms, about the old default of 500 tokens/s."""
 
-PRIOR_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (64, 0, 0), (512, 0, 0), (2048, 0, 0), (512, 8192, 0), (64, 8192, 0), (64, 0, 8))
-"""The imagined batches (tokens, ctx, decoders) that carry the prior: together they tell all five
-coefficients apart, so every fit has a single answer."""
+PRIOR_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (64, 0, 0, 0), (512, 0, 0, 0), (2048, 0, 0, 0), (512, 8192, 0, 0), (64, 8192, 0, 0),
+    (64, 0, 8, 0), (64, 0, 0, 8192), (512, 0, 0, 8192))
+"""The imagined batches (tokens, ctx, decoders, cells) that carry the prior: together they tell all
+seven coefficients apart, so every fit has a single answer."""
 
 
-def batch_row(tokens: int, ctx: int, decoders: int = 0) -> Row:
-    return (1.0, float(tokens), tokens * (ctx + tokens / 2) / 1000.0, float(decoders), ctx / 1000.0)
+def batch_row(tokens: int, ctx: int, decoders: int = 0, cells: int = 0) -> Row:
+    return (1.0, float(tokens), tokens * (ctx + tokens / 2) / 1000.0, float(decoders), ctx / 1000.0,
+            tokens * cells / 1000.0, cells / 1000.0)
 
 
-def prompt_row(tokens: int, ctx: int, n_batch: int, decoders: int = 0) -> Row:
+def prompt_row(tokens: int, ctx: int, n_batch: int, decoders: int = 0, cells: int = 0) -> Row:
     step = max(1, n_batch)
     batches = max(1, math.ceil(tokens / step))
     read = batches * ctx + step * batches * (batches - 1) / 2
     return (float(batches), float(tokens), tokens * (ctx + tokens / 2) / 1000.0,
-            float(batches * decoders), read / 1000.0)
+            float(batches * decoders), read / 1000.0, tokens * cells / 1000.0,
+            batches * cells / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,8 @@ class CostFit:
         return (f"batch ≈ {c.fixed_ms:.1f} ms + {c.per_kctx_ms:.2f} ms per 1k ctx"
                 f" + {c.per_token_ms:.3f} ms/token"
                 f" + {c.per_token_per_kctx_ms:.3f} ms/token per 1k ctx + {c.per_decoder_ms:.2f} ms/decoder"
+                f" + {c.per_token_per_kcells_ms:.3f} ms/token and {c.per_kcells_ms:.2f} ms per 1k"
+                " cells of others"
                 f" ({self.source}, {self.in_fit} of {self.samples} samples, {err})")
 
 
@@ -168,22 +187,23 @@ class BatchCostModel:
         """Whether the cost stands on observations of this server (else on the prior alone)."""
         return bool(self._samples)
 
-    def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float, decoders: int = 0) -> None:
+    def observe_piece(self, tokens: int, ctx: int, elapsed_ms: float, decoders: int = 0,
+                      cells: int = 0) -> None:
         """A piece of `tokens` after `ctx` tokens in its slot took one batch of `elapsed_ms` (the
         server's `timings.prompt_ms` when known: wall time also counts the wait for a batch in flight)."""
-        if tokens < 1 or ctx < 0 or decoders < 0:
+        if tokens < 1 or ctx < 0 or decoders < 0 or cells < 0:
             self._ignored += 1
             return
-        self._observe(batch_row(tokens, ctx, decoders), elapsed_ms)
+        self._observe(batch_row(tokens, ctx, decoders, cells), elapsed_ms)
 
     def observe_prefill(self, prompt_n: int, cache_n: int, prompt_ms: float, n_batch: int,
-                        decoders: int = 0) -> None:
+                        decoders: int = 0, cells: int = 0) -> None:
         """A finished request computed `prompt_n` tokens after `cache_n` cached in `prompt_ms`
         (the server's timings), in batches of at most `n_batch`."""
-        if prompt_n < 1 or cache_n < 0 or n_batch < 1 or decoders < 0:
+        if prompt_n < 1 or cache_n < 0 or n_batch < 1 or decoders < 0 or cells < 0:
             self._ignored += 1
             return
-        self._observe(prompt_row(prompt_n, cache_n, n_batch, decoders), prompt_ms)
+        self._observe(prompt_row(prompt_n, cache_n, n_batch, decoders, cells), prompt_ms)
 
     def needs_probe(self, run: int = 12) -> bool:
         """Whether the last `run` observations were all batches of one size: then the samples cannot
@@ -233,8 +253,9 @@ class BatchCostModel:
 
     def _fit(self) -> BatchCost:
         rows, ys, weights = self._system()
-        a, b, c, e, g = (float(v) for v in nonnegative_lstsq(rows * weights[:, None], ys * weights))
-        return BatchCost(a, b, c, e, g)
+        a, b, c, e, g, h, i = (float(v) for v in nonnegative_lstsq(rows * weights[:, None],
+                                                                   ys * weights))
+        return BatchCost(a, b, c, e, g, h, i)
 
     def _system(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """The weighted rows: the samples (the newest weighs 1) and the prior's batches, the prior

@@ -23,22 +23,23 @@ stall the streams already take from every short turn of the day."""
 
 
 def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
-                 decoders: int) -> str | None:
+                 decoders: int, cells: int = 0) -> str | None:
     """Why `req`, under `cold_tokens`, is cold all the same, or None when it is not. `decoders`:
-    the requests generating now. The stall is judged only once the batch cost has measured this
-    server: its prior is a guess."""
+    the requests generating now; `cells`: what the requests in flight hold. The stall is judged
+    only once the batch cost has measured this server: its prior is a guess."""
     if (cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS
             or not model.measured):
         return None
-    stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders)
+    stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders, cells)
     if stall_ms <= WHOLE_STALLS * cfg.max_stall_ms:
         return None
     return (f"cold: sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
             f"generating for ~{stall_ms / 1000.0:.1f} s (over {WHOLE_STALLS:g} × max_stall_ms)")
 
 
-def whole_stall_ms(cost: BatchCost, req: Arrived, n_batch: int, decoders: int) -> float:
+def whole_stall_ms(cost: BatchCost, req: Arrived, n_batch: int, decoders: int,
+                   cells: int = 0) -> float:
     """The longest batch of `req`'s new tokens sent whole beside `decoders` streams: what each
     of them waits for its next token."""
     cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-    return cost.batch_ms(min(req.est_new_tokens, max(1, n_batch)), cached, decoders)
+    return cost.batch_ms(min(req.est_new_tokens, max(1, n_batch)), cached, decoders, cells)

@@ -121,6 +121,8 @@ class Load:
     busy: bool = False
     """Real requests are in flight upstream (generating)."""
     decoders: int = 0
+    cells: int = 0
+    """Cells the requests in flight hold (their prompts), for the batch cost."""
     recheck_at: float | None = None
     """When `starting` may end with no event to say so (a just-sent request's grace)."""
 

@@ -54,6 +54,8 @@ class Situation:
     remaining_tokens: int
     decoders: int
     """Other requests generating."""
+    cells: int = 0
+    """Cells the other requests in flight hold (their prompts): one shared KV's cost."""
     decode_step_ms: float | None = None
     """Their decode step alone (None: not known, nothing counted inside a batch)."""
     largest_piece: int | None = None
@@ -101,18 +103,18 @@ def piece_sizes(n_batch: int) -> list[int]:
 def fitting_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> int:
     """The largest size whose batch at the current prefix is predicted within `max_stall_ms` (64 if none)."""
     fits = [n for n in piece_sizes(sit.piece_cap(knobs.n_batch))
-            if cost.batch_ms(n, sit.done_tokens, sit.decoders) <= knobs.max_stall_ms]
+            if cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells) <= knobs.max_stall_ms]
     return max(fits, default=PIECE_ALIGN)
 
 
 def pieces_outlook(cost: BatchCost, n: int, sit: Situation, knobs: ChunkKnobs, *,
                    pauses: bool = True) -> Outlook:
     """The rest in pieces of `n` with the pause rule between them (`pauses=False`: back to back)."""
-    rest, done, d = sit.remaining_tokens, sit.done_tokens, sit.decoders
+    rest, done, d, m = sit.remaining_tokens, sit.done_tokens, sit.decoders, sit.cells
     k = max(1, math.ceil(rest / n))
-    compute = cost.prompt_ms(rest, done, n, d)
-    t_last = cost.batch_ms(rest - (k - 1) * n, done + (k - 1) * n, d)
-    t_full = cost.batch_ms(n, done + (k - 2) * n, d) if k >= 2 else 0.0
+    compute = cost.prompt_ms(rest, done, n, d, m)
+    t_last = cost.batch_ms(rest - (k - 1) * n, done + (k - 1) * n, d, m)
+    t_full = cost.batch_ms(n, done + (k - 2) * n, d, m) if k >= 2 else 0.0
     share = knobs.prefill_share
     wait = (compute - t_last) * (1.0 - share) / share if pauses else 0.0
     return _outlook(cost, compute, wait, max(t_last, t_full), k, sit, knobs)
@@ -140,7 +142,8 @@ def longest_hold_ms(off: Outlook, knobs: ChunkKnobs) -> float:
 
 def _outlook(cost: BatchCost, compute: float, wait: float, longest: float, batches: int,
              sit: Situation, knobs: ChunkKnobs) -> Outlook:
-    alone = max(cost.prompt_ms(sit.remaining_tokens, sit.done_tokens, knobs.n_batch, sit.decoders), 1e-9)
+    alone = max(cost.prompt_ms(sit.remaining_tokens, sit.done_tokens, knobs.n_batch, sit.decoders,
+                               sit.cells), 1e-9)
     window = max(compute + wait, 1e-9)
     inside = batches * (sit.decode_step_ms or 0.0)
     return Outlook(compute_ms=compute, wait_ms=wait, longest_batch_ms=longest,

@@ -37,7 +37,7 @@ def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequ
 
 
 def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
-                 decoders: int, now: float) -> float:
+                 decoders: int, now: float, cells: int = 0) -> float:
     """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request would
     otherwise take longer than `max_cold_factor` × its time alone (as the batch cost predicts it):
     the pauses shrink to what keeps it within that, down to none."""
@@ -48,7 +48,7 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
     alone_ms = held.alone_ms(cost, n_batch)
     rest = req.est_prompt_tokens - held.done_upto
     piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
-    rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders)
+    rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders, cells)
     left_ms = factor * alone_ms - (now - req.now) * 1000.0
     if left_ms <= rest_ms:
         return 1.0
@@ -77,7 +77,7 @@ class WarmSizer:
 
     def piece(self, done: int, remaining: int, largest: int | None, load: Load) -> int:
         situation = Situation(done_tokens=done, remaining_tokens=remaining, decoders=load.decoders,
-                              largest_piece=largest)
+                              cells=load.cells, largest_piece=largest)
         knobs = ChunkKnobs(max_stall_ms=self.limit_ms(load), n_batch=self.n_batch,
                            prefill_share=self.prefill_share, max_hold_ms=0.0)
         if not load.busy:

@@ -84,13 +84,13 @@ class ColdPlans:
         if held is None or held.piece_upto is None:
             return False
         server.cost.observe_piece(tokens, held.piece_upto - tokens, elapsed_ms,
-                                  server.use.decoders())
+                                  server.use.decoders(), server.use.cells())
         held.done_upto, held.piece_upto = held.piece_upto, None
         held.pieces_done += 1
         held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
         share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
-                             server.use.decoders(), now)
+                             server.use.decoders(), now, server.use.cells())
         held.behind = share >= 1.0
         if held.choice is not None and held.choice.strategy is Strategy.CATCH_UP:
             share = BEHIND_SHARE
@@ -154,7 +154,8 @@ class ColdPlans:
         knobs = ChunkKnobs(max_stall_ms=cfg.max_stall_ms, n_batch=server.n_batch,
                            prefill_share=cfg.prefill_share, max_hold_ms=cfg.max_hold_s * 1000.0)
         situation = Situation(done_tokens=held.done_upto, remaining_tokens=held.rest,
-                              decoders=server.use.decoders(), largest_piece=held.largest_piece,
+                              decoders=server.use.decoders(), cells=server.use.cells(),
+                              largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
         if held.caught_up is not None or held.behind:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "

@@ -215,7 +215,8 @@ class PrefillPolicy:
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
             self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
-                                       self._use.decoders(besides=req_id))
+                                       self._use.decoders(besides=req_id),
+                                       self._use.cells(besides=req_id))
         self._line.landed(req_id)
         if not self._use.ended(req_id):
             return []
@@ -237,7 +238,7 @@ class PrefillPolicy:
 
     def on_warm_piece_done(self, tokens: int, ctx: int, elapsed_ms: float) -> None:
         """A warm-up's piece teaches the batch cost like a cold request's (rules 9, 15)."""
-        self._cost.observe_piece(tokens, ctx, elapsed_ms, self._use.decoders())
+        self._cost.observe_piece(tokens, ctx, elapsed_ms, self._use.decoders(), self._use.cells())
 
     def on_save_due(self, save_id: str, now: float) -> list[Decision]:
         """Rule 16: the keeper has a slot to save; it goes only on a quiet server."""
@@ -304,7 +305,8 @@ class PrefillPolicy:
         return Load(cold_held=bool(self._plans or self._line),
                     starting=now < grace or self._saving is not None,
                     busy=bool(self._use) or self._saving is not None,
-                    decoders=self._use.decoders(), recheck_at=grace if now < grace else None)
+                    decoders=self._use.decoders(), cells=self._use.cells(),
+                    recheck_at=grace if now < grace else None)
 
     def warm_sizer(self) -> Sizer:
         """Rule 15: a warm-up's pieces are sized like a cold request's, from the same cost."""
@@ -334,7 +336,7 @@ class PrefillPolicy:
         by_tokens = req.est_new_tokens >= self._cfg.cold_tokens
         by_stall = (None if self._cfg.mode == "off" or by_tokens
                     else stall_reason(self._cfg, self._cost, req, self._n_batch,
-                                      self._use.decoders()))
+                                      self._use.decoders(), self._use.cells()))
         if by_stall is not None and len(self._plans) > self._cfg.max_waiting:
             by_stall = None  # cold by its stall only: sent whole rather than refused
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
@@ -342,11 +344,11 @@ class PrefillPolicy:
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
             return [Hold(req_id, self._line.hold(req))]
         if goes_now:
-            return self._admit(req_id, "prefill.mode off" if self._cfg.mode == "off"
+            return self._admit(req, "prefill.mode off" if self._cfg.mode == "off"
                                else "not cold", now)
         idle = not (self._plans or self._use or self._warm_pieces or self._saving)
         if idle and self._cfg.mode == "defer":
-            return self._admit(req_id, "cold, nobody generating", now)
+            return self._admit(req, "cold, nobody generating", now)
         if self._plans and len(self._plans) > self._cfg.max_waiting:
             self._notes.pop(req_id, None)
             return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
@@ -363,15 +365,15 @@ class PrefillPolicy:
             return decided  # released at once (rule 7: short enough to go whole)
         return [Hold(req_id, why), *decided]
 
-    def _admit(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        self._use.sent(req_id, now)
-        return [Admit(req_id, self._noted(req_id, reason))]
+    def _admit(self, req: Arrived, reason: str, now: float) -> list[Decision]:
+        self._use.sent(req.req_id, now, req.est_prompt_tokens)
+        return [Admit(req.req_id, self._noted(req.req_id, reason))]
 
     def _release(self, held: HeldRequest, decision: Admit | Forward, now: float) -> list[Decision]:
         """End a plan: its request goes upstream and counts as generating from now on."""
         req_id = decision.req_id
         self._plans.held.pop(req_id, None)
-        self._use.sent(req_id, now)
+        self._use.sent(req_id, now, held.req.est_prompt_tokens)
         reason = self._noted(req_id, decision.reason)
         return [Admit(req_id, reason) if isinstance(decision, Admit) else Forward(req_id, reason)]
 

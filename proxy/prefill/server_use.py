@@ -17,6 +17,7 @@ class ServerUse:
     def __init__(self) -> None:
         self.phases: dict[str, Phase] = {}
         self._sent_at: dict[str, float] = {}
+        self._cells: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.phases)
@@ -24,9 +25,11 @@ class ServerUse:
     def __bool__(self) -> bool:
         return bool(self.phases)
 
-    def sent(self, req_id: str, now: float) -> None:
+    def sent(self, req_id: str, now: float, cells: int = 0) -> None:
+        """`cells`: its prompt's tokens, the cells it will hold in the server's KV."""
         self.phases[req_id] = Phase.QUEUED
         self._sent_at[req_id] = now
+        self._cells[req_id] = max(0, cells)
 
     def moved(self, req_id: str, phase: Phase) -> None:
         if req_id in self.phases:
@@ -35,11 +38,17 @@ class ServerUse:
     def ended(self, req_id: str) -> bool:
         """It finished or its client left; whether it was in flight."""
         self._sent_at.pop(req_id, None)
+        self._cells.pop(req_id, None)
         return self.phases.pop(req_id, None) is not None
 
     def decoders(self, besides: str | None = None) -> int:
         """Requests decoding now (their tokens share every batch)."""
         return sum(1 for r, phase in self.phases.items() if phase is Phase.DECODING and r != besides)
+
+    def cells(self, besides: str | None = None) -> int:
+        """Cells the requests in flight hold (their prompts; what they generated is not known
+        here): on one shared KV every batch pays for them (batch_cost.py)."""
+        return sum(c for r, c in self._cells.items() if r != besides)
 
     def prefilling(self) -> bool:
         return any(phase is Phase.PREFILLING for phase in self.phases.values())

@@ -130,18 +130,18 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         return _whole(off, "rest fits one piece")
     floor = off.trade - TRADE_SLACK
     first = pieces_outlook(cost, fit, sit, knobs)
-    fit_ms = cost.batch_ms(fit, sit.done_tokens, sit.decoders)
+    fit_ms = cost.batch_ms(fit, sit.done_tokens, sit.decoders, sit.cells)
     stall = f"(max_stall_ms {knobs.max_stall_ms:g})"
     n, outlook = _stretch(cost, fit, first, sit, knobs)
     if outlook.trade >= floor and fit_ms <= STALL_SLACK * knobs.max_stall_ms:
-        n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+        n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
         said = f"{n}-token pieces of ~{_dur(n_ms)} {stall}" + ("" if n == fit else (
             f", stretched from {fit} " + ("to reach trade " if outlook.trade >= TARGET_TRADE
                                           else "towards trade ") + f"{TARGET_TRADE:g}"))
         probe = _probe(cost, n, sit, knobs)
         if probe is not None:
             n, outlook = probe, pieces_outlook(cost, probe, sit, knobs)
-            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
             said += f"; this one {n} tokens, to measure what a larger batch costs"
         return _choice(Strategy.PIECES, n, n_ms, outlook, off, f"{said}{_keeps(outlook)}")
     why = f"{fit}-token pieces would take ~{_dur(fit_ms)} {stall}" + (
@@ -149,7 +149,7 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
     knee = _knee(cost, fit, sit, knobs, floor, off)
     if knee is not None:
         n, outlook = knee
-        n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+        n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
         what = "larger pieces gain little" if n == fit else f"{n}-token pieces amortise the fixed part"
         return _choice(Strategy.PIECES if n == fit else Strategy.LARGER_PIECES, n, n_ms, outlook, off,
                        f"{why}; {what} (~{_dur(n_ms)} each){_keeps(outlook)}")
@@ -183,7 +183,7 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
         if outlook.compute_ms + outlook.wait_ms <= CATCH_UP * off.compute_ms:
             n = min(n, sit.piece_cap(knobs.n_batch))
             outlook = pieces_outlook(cost, n, sit, knobs)
-            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders)
+            n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
             slower = (outlook.compute_ms + outlook.wait_ms) / max(off.compute_ms, 1e-9)
             return _choice(Strategy.CATCH_UP, n, n_ms, outlook, off,
                            f"{why}; caught up in {n}-token pieces (~{_dur(n_ms)} each) with the "
@@ -206,7 +206,7 @@ def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
     for n in piece_sizes(sit.piece_cap(knobs.n_batch)):
         if n <= fit or n >= sit.remaining_tokens:
             continue
-        if cost.batch_ms(n, sit.done_tokens, sit.decoders) > STRETCH * knobs.max_stall_ms:
+        if cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells) > STRETCH * knobs.max_stall_ms:
             break
         outlook = pieces_outlook(cost, n, sit, knobs)
         if outlook.trade >= TARGET_TRADE:
@@ -225,7 +225,7 @@ def _probe(cost: BatchCost, n: int, sit: Situation, knobs: ChunkKnobs) -> int | 
     size = min(2 * n, sit.piece_cap(knobs.n_batch)) // PIECE_ALIGN * PIECE_ALIGN
     if size <= n or size >= sit.remaining_tokens:
         return None
-    if cost.batch_ms(size, sit.done_tokens, sit.decoders) > STALL_SLACK * knobs.max_stall_ms:
+    if cost.batch_ms(size, sit.done_tokens, sit.decoders, sit.cells) > STALL_SLACK * knobs.max_stall_ms:
         return None
     return size
 

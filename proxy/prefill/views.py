@@ -31,7 +31,8 @@ def prefill_view(snap: PolicySnapshot | None) -> dict[str, Any] | None:
 
 
 COST_PARTS = (("fixed", "fixed_ms"), ("per_kctx", "per_kctx_ms"), ("per_token", "per_token_ms"),
-              ("per_token_per_kctx", "per_token_per_kctx_ms"), ("per_decoder", "per_decoder_ms"))
+              ("per_token_per_kctx", "per_token_per_kctx_ms"), ("per_decoder", "per_decoder_ms"),
+              ("per_token_per_kcells", "per_token_per_kcells_ms"), ("per_kcells", "per_kcells_ms"))
 
 
 def prefill_gauges(snap: PolicySnapshot | None) -> Iterable[Metric]:
@@ -41,7 +42,8 @@ def prefill_gauges(snap: PolicySnapshot | None) -> Iterable[Metric]:
     cost = GaugeMetricFamily("slotwise_prefill_batch_cost_ms",
                              "The fitted batch-cost model: ms per batch (fixed), per batch per 1k tokens "
                              "of context, per prompt token, per token per 1k tokens of context, per "
-                             "decoding slot", labels=["part"])
+                             "decoding slot, per token and per batch per 1k cells other requests "
+                             "hold", labels=["part"])
     for label, attr in COST_PARTS:
         cost.add_metric([label], getattr(snap.cost.cost, attr))
     yield cost

@@ -202,6 +202,13 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
     return cal
 
 
+def _prior_ms(row: Sequence[float]) -> float:
+    """The prefill policy's prior on this model's first five features (its own two, the other
+    slots' cells, are the prior's zeros)."""
+    a, b, c, e, g = row[:5]
+    return PRIOR.time_ms((a, b, c, e, g, 0.0, 0.0))
+
+
 def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> Costs:
     """The decode tokens' attention beside each prompt is the decode fit's (the server model adds
     it to every batch they ride in), so it is taken out of the times first. A decode token in a
@@ -211,10 +218,9 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     rows = [o.row(n_ubatch) for o in obs]
     per_kctx = cal.costs.decode_per_kctx_ms
     ys = [max(0.05 * o.ms, o.ms - per_kctx * o.dec_kctx * o.batches) for o in obs]
-    level = float(np.median([y / max(1e-9, PRIOR.time_ms(r[:5])) for y, r in zip(ys, rows,
-                                                                                     strict=True)]))
-    prior = [(*batch_row(*shape), 0.0, 0.0) for shape in PRIOR_SHAPES]
-    y = np.array(ys + [level * PRIOR.time_ms(r[:5]) for r in prior], dtype=np.float64)
+    level = float(np.median([y / max(1e-9, _prior_ms(r)) for y, r in zip(ys, rows, strict=True)]))
+    prior = [(*batch_row(*shape)[:5], 0.0, 0.0) for shape in PRIOR_SHAPES]
+    y = np.array(ys + [level * _prior_ms(r) for r in prior], dtype=np.float64)
     a = np.array(rows + prior, dtype=np.float64)
     a[:, 1] += a[:, 3]  # a decoder's token is a token of the batch's matmuls
     a = a[:, [0, 1, 2, 4, 5, 6]]
