@@ -14,10 +14,10 @@ from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError
 from proxy.prefill.events import Decision, Load, Restorable, Sizer
 from proxy.prefill.feeder import PieceError, PieceResult
-from proxy.prefill.gate import STUCK_PAUSE_S, PrefillGate
+from proxy.prefill.gate import PrefillGate
 from proxy.prefill.hooks import Restored
 from proxy.prefill.layout import ServerLayout
-from proxy.prefill.policy import PrefillPolicy
+from proxy.prefill.policy import STUCK_PAUSE_S, PrefillPolicy
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind

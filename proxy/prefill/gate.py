@@ -35,7 +35,7 @@ from proxy.prefill.events import (
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
 from proxy.prefill.hooks import KeepHook, Restored, WarmHook
-from proxy.prefill.policy import PrefillPolicy
+from proxy.prefill.policy import STUCK_PAUSE_S, PrefillPolicy
 from proxy.prefill.sharers import Sharers
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Flight, Phase, PrefillPlan
@@ -45,10 +45,6 @@ from proxy.request.endpoints import GENERATING
 from proxy.request.errors import Rejected
 
 log = logging.getLogger("slotwise.prefill")
-STUCK_PAUSE_S = 0.05
-"""A wake-up still asked for after the tick it asked for, nothing having moved it, is a policy's
-bug; rather than call `on_tick` back to back (a core spinning beside llama-server), the loop then
-waits this long between ticks, and says so once."""
 
 QUIET_REASONS = ("not cold", "prefill.mode off")
 """Admission reasons not worth a `policy_note` in the record (the usual case)."""

@@ -33,6 +33,10 @@ from proxy.prefill.slot_line import SlotLine
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Phase
 
+STUCK_PAUSE_S = 0.05
+"""`next_wakeup` still the same after the tick it asked for, nothing having moved it, is a bug of
+this policy's; whoever drives it (the gate's loop, the what-if's replay) then waits this long
+between such ticks rather than call `on_tick` back to back (a core spinning beside llama-server)."""
 LEARN_MIN_TOKENS = 256
 """A finished request teaches the batch cost only if it computed at least this many tokens. Short
 turns are left out: their prompt time is mostly per-request work, and with one shared KV they attend

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject
-from proxy.prefill.gate import STUCK_PAUSE_S
+from proxy.prefill.policy import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
 from proxy.whatif.costs import Costs
