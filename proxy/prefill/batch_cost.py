@@ -20,13 +20,11 @@ A prompt of N tokens after x cached, computed in k = ceil(N / n_batch) batches o
 one the rest), takes k·(a + e·d) + g·(k·x + n_batch·k(k-1)/2)/1000 + b·N + c·N·(x + N/2)/1000: the
 attention sum does not depend on how the prompt is cut, so a finished prefill is one linear
 observation like a piece.
-h and i are the other slots' cells, on one KV cache shared by every slot (`-kvu`, automatic slots):
-there each prompt token scans the mask over every cell in use, and each decoding slot's token rides
-in a prompt's 64-row query tile over its own cells (`slotwise whatif` measured both from the server
-log: 0.13-0.19 ms per prompt token and 13-34 ms per micro-batch, per 1,000 cells). Without them a
-model fitted in the morning priced a post-summary turn's 640-token piece at 888 ms beside three
-streams whose histories filled the cache; it took 3.27 s (`bench day`). With a KV per slot they
-stay near 0 (the prior's). slotwise cannot tell the two layouts apart (`layout.py`), so the fit does.
+h, i: the other slots' cells in one shared KV (`-kvu`): each prompt token scans the mask over them,
+and the decoders' tokens ride in a prompt's 64-row query tile over theirs (the what-if found
+0.13-0.19 ms a token and 13-34 ms a micro-batch per 1,000 cells). Without them a 640-token piece
+priced at 888 ms took 3.27 s beside three full streams (`bench day`). With a KV per slot the fit
+keeps them near 0 (slotwise cannot tell the two layouts apart).
 
 The fit: non-negative least squares over the last `window` observations, each weighted by
 `forgetting`**age and its error measured relative to its time (a 2 s batch and a 20 ms one count
@@ -42,7 +40,6 @@ dropped, so the model follows within that many observations.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -50,6 +47,8 @@ from statistics import median
 
 import numpy as np
 import numpy.typing as npt
+
+from proxy.prefill.nnls import nonnegative_lstsq
 
 Row = tuple[float, float, float, float, float, float, float]
 """One observation's features, in the order of the coefficients a, b, c, e, g, h, i."""
@@ -270,28 +269,3 @@ class BatchCostModel:
         weights = np.array([self._forgetting ** (n - 1 - i) / s.scale for i, s in enumerate(samples)]
                            + [self._prior_weight / y for y in prior_ys], dtype=np.float64)
         return rows, ys, weights
-
-
-def nonnegative_lstsq(a: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """argmin |a·x - y| subject to x >= 0, for a few columns: the unconstrained solution on every set
-    of free columns (the rest held at 0), the best one that is non-negative. Exact when `a` has full
-    column rank (the prior's rows see to that): the optimum is the least-squares solution on its own
-    support, and every other candidate tried is a feasible point, so none beats it."""
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    scaled = a / scale
-    best, best_cost = np.zeros(a.shape[1]), float(np.sum(y * y))
-    for free in itertools.product((False, True), repeat=a.shape[1]):
-        cols = [j for j, f in enumerate(free) if f]
-        if not cols:
-            continue
-        sol = np.linalg.lstsq(scaled[:, cols], y, rcond=None)[0]
-        if np.any(sol < 0):
-            continue
-        x = np.zeros(a.shape[1])
-        x[cols] = sol
-        cost = float(np.sum((scaled @ x - y) ** 2))
-        if cost < best_cost:
-            best, best_cost = x, cost
-    result: npt.NDArray[np.float64] = best / scale
-    return result

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row, nonnegative_lstsq
+from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row
+from proxy.prefill.nnls import nonnegative_lstsq
 from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
 from proxy.whatif.costs import Costs
