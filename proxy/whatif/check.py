@@ -95,8 +95,8 @@ class Row:
 
 def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
             cold_tokens: int = 2000) -> list[Row]:
-    both = _ids(predicted) & _ids(measured)
-    if len(both) >= SHARED_IDS * len(_ids(measured)):
+    both = shared(predicted, measured)
+    if both is not None:
         predicted = [r for r in predicted if str(r.get("id")) in both]
         measured = [r for r in measured if str(r.get("id")) in both]
     unsized = {str(r.get("id")): _first_token_ms(r) is not None for r in measured
@@ -105,10 +105,10 @@ def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
     return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
 
 
-def shared(predicted: Sequence[RecordLine], measured: Sequence[RecordLine]) -> int | None:
-    """How many requests `compare` takes from each log, when it takes the ones both have."""
+def shared(predicted: Sequence[RecordLine], measured: Sequence[RecordLine]) -> set[str] | None:
+    """The ids `compare` takes from each log when the two are one day's (None: each whole)."""
     both = _ids(predicted) & _ids(measured)
-    return len(both) if len(both) >= SHARED_IDS * len(_ids(measured)) else None
+    return both if len(both) >= SHARED_IDS * len(_ids(measured)) else None
 
 
 def _ids(records: Sequence[RecordLine]) -> set[str]:

@@ -142,8 +142,8 @@ def _check(p: Prediction, measured: list[RecordLine], tolerance: float, cold: in
     predicted = [r.to_dict() for r in p.outcome.records]
     rows = compare(predicted, measured, cold)
     width = max(len(label) for _, label in FIGURES)
-    if (n := shared(predicted, measured)) is not None:
-        print(f"over the {n} generation requests both logs have (by id)", file=sys.stdout)
+    if (both := shared(predicted, measured)) is not None:
+        print(f"over the {len(both)} generation requests both logs have (by id)", file=sys.stdout)
     print(f"{'figure'.ljust(width)}  predicted  measured   error", file=sys.stdout)
     for row in rows:
         error = row.error

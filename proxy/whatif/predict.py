@@ -92,12 +92,14 @@ def server_tasks(inputs: Inputs) -> list[Task] | None:
     return rebuild_tasks(parse_server_log(inputs.server_log).events)
 
 
-def sizes_of_cut(inputs: Inputs, tasks: Sequence[Task] | None) -> dict[str, tuple[int, int]]:
-    """The sizes the server log shows of requests whose client left before their timings."""
-    if tasks is None or inputs.server_log is None:
-        return {}
-    seen = seen_by_task(parse_server_log(inputs.server_log).events, inputs.server_log)
-    return cut_sizes(tasks, inputs.records, seen)
+def read_server_log(inputs: Inputs) -> tuple[list[Task] | None, dict[str, tuple[int, int]]]:
+    """The server log's tasks, and the sizes it shows of requests whose client left before their
+    timings (none without a server log); the log parsed once."""
+    if inputs.server_log is None:
+        return None, {}
+    events = parse_server_log(inputs.server_log).events
+    tasks = rebuild_tasks(events)
+    return tasks, cut_sizes(tasks, inputs.records, seen_by_task(events, inputs.server_log))
 
 
 def calibrate(inputs: Inputs, server: ServerSettings,
@@ -128,9 +130,8 @@ def calibrate(inputs: Inputs, server: ServerSettings,
 def predict(inputs: Inputs) -> Prediction:
     began = time.perf_counter()
     recorded, whatif, _, notes = settings_of(inputs)
-    tasks = server_tasks(inputs)
+    tasks, cut = read_server_log(inputs)
     cal = calibrate(inputs, recorded.server, tasks)
-    cut = sizes_of_cut(inputs, tasks)
     workload = reconciled(inputs.records, recorded, cal.costs,
                           used_before(tasks, inputs.records) if tasks else [], cut)
     outcome = Replay(workload, whatif, cal.costs).run()
