@@ -31,7 +31,13 @@ from proxy.bench.day import (
     slotwise_tables,
 )
 from proxy.bench.day_cli import _names, _scale, describe, run_day
-from proxy.bench.day_records import Call, client_record, client_records, day_figures
+from proxy.bench.day_records import (
+    Call,
+    client_record,
+    client_records,
+    day_figures,
+    slot_wait,
+)
 from proxy.bench.day_tables import REPORT_KEYS, cell, day_grid, report_grid, report_tables
 from proxy.bench.harness import StreamResult
 from proxy.bench.output import print_table
@@ -312,6 +318,8 @@ def test_the_days_figures_name_the_returning_and_post_summary_turns() -> None:
     assert figures["longest_gap_s"]["ann"] == pytest.approx(0.2)
     assert figures["longest_gap_s"]["everyone"] == pytest.approx(0.2)
     assert figures["failed"] == [] and figures["requests"] == 7
+    events = sum(len(c.result.tokens) for c in calls)  # every stream's, over the 33.21 s day
+    assert figures["events_per_s"] == pytest.approx(events / (31.21 + 2.0))
 
 
 def test_a_failed_request_is_counted_and_has_no_gap() -> None:
@@ -319,6 +327,19 @@ def test_a_failed_request_is_counted_and_has_no_gap() -> None:
     figures = day_figures([broken])
     assert figures["failed"] == ["x"] and figures["longest_gap_s"] == {"x": None, "everyone": None}
     assert client_records([broken], WALL)[0]["outcome"] == "upstream_error"
+
+
+def test_a_returning_user_who_finds_every_slot_taken_waits_until_the_first_comes_free() -> None:
+    busy = [call(f"b{n}", Act.CHAT, result(0.0, 0.1, ticks(1.0, end, 0.5), 40))
+            for n, end in enumerate((9.0, 7.0, 8.0, 12.0))]
+    held = call("held", Act.CHAT, StreamResult(sent=1.0, ended=30.0, status=200))  # no slot yet
+    back = call("back", Act.RETURN, result(5.0, 7.5, [8.0, 8.5], 60), who="dan")
+    calls = [*busy, held, back]
+    assert slot_wait(back, calls, 4) == pytest.approx(7.01 - 5.0)  # b1's end; `held` takes none
+    assert slot_wait(back, calls, 5) == 0.0
+    (turn,) = day_figures(calls, slots=4)["returning"]
+    assert turn["slot_wait_s"] == pytest.approx(2.01)
+    assert day_figures(calls)["returning"][0]["slot_wait_s"] is None  # slots not known
 
 
 # -- the tables ----------------------------------------------------------------------------------
@@ -371,10 +392,11 @@ def test_a_row_missing_on_one_path_shows_no_samples_there(tmp_path: object) -> N
 def test_the_days_table_fits_80_columns_with_every_figure() -> None:
     calls = [*a_day(), call("ann-5", Act.RESUME, result(30.0, 30.1, [31.0, 131.2], 2000),
                             who="ann")]
-    figures = day_figures(calls, [{"id": "long", "restored_tokens": 123_456}])
+    figures = day_figures(calls, [{"id": "long", "restored_tokens": 123_456}], slots=1)
     runs = [{p: figures for p in PATH_NAMES} for _ in range(3)]
     text = printed(day_grid(runs, "recommended, median (range) of 3 runs"))
     assert "…" not in text and "(123,456-123,456)" in text
+    assert "every slot taken" in text and "all streams" in text  # the labels wrap
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "returns:" in text and "summary:" in text  # the labels wrap beside the figures
 

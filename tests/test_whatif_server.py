@@ -11,13 +11,15 @@ from collections.abc import Sequence
 import pytest
 
 from proxy.whatif.costs import Costs
-from proxy.whatif.prompts import Seq
+from proxy.whatif.prompts import Held, Seq
 from proxy.whatif.server import (
     CONTEXT_EXCEEDED,
     Failed,
     Finished,
     FirstToken,
     Happening,
+    LoopDone,
+    LoopWork,
     ServerModel,
     Started,
 )
@@ -47,11 +49,13 @@ def model(**over: object) -> ServerModel:
 
 
 def run(server: ServerModel, submits: Sequence[tuple[float, Task]],
-        cancels: Sequence[tuple[float, Task]] = (), step: bool = False) -> list[Happening]:
-    """Submit each task at its time and run the server until it is idle; `step`: no look-ahead
-    (every boundary's horizon is its own time)."""
-    events = sorted([(t, 0, x) for t, x in submits] + [(t, 1, x) for t, x in cancels],
-                    key=lambda e: (e[0], e[1]))
+        cancels: Sequence[tuple[float, Task]] = (), step: bool = False,
+        loops: Sequence[tuple[float, LoopWork]] = ()) -> list[Happening]:
+    """Submit each task (and restore or save) at its time and run the server until it is idle;
+    `step`: no look-ahead (every boundary's horizon is its own time)."""
+    events: list[tuple[float, int, Task | LoopWork]] = sorted(
+        [(t, 0, x) for t, x in submits] + [(t, 1, x) for t, x in cancels]
+        + [(t, 2, x) for t, x in loops], key=lambda e: (e[0], e[1]))
     out: list[Happening] = []
     i = 0
     while True:
@@ -61,7 +65,10 @@ def run(server: ServerModel, submits: Sequence[tuple[float, Task]],
             out += server.boundary(t_srv if step else t_ext)
         elif i < len(events):
             t, kind, x = events[i]
-            (server.submit if kind == 0 else server.cancel)(x, t)
+            if isinstance(x, LoopWork):
+                server.run_on_loop(x, t)
+            else:
+                (server.submit if kind == 0 else server.cancel)(x, t)
             i += 1
         else:
             return out
@@ -82,7 +89,8 @@ def beside_other_cells(costs: Costs) -> list[list[float]]:
 
 
 def of(happenings: Sequence[Happening], kind: type, key: str) -> list[Happening]:
-    return [h for h in happenings if isinstance(h, kind) and h.task.key == key]
+    return [h for h in happenings if isinstance(h, kind)
+            and (h.work.key if isinstance(h, LoopDone) else h.task.key) == key]
 
 
 class TestRule1SlotChoice:
@@ -335,3 +343,46 @@ class TestRule9QuietStretches:
             times.append((a.tokens, b.tokens))
         assert times[0][0] == pytest.approx(times[1][0])
         assert times[0][1] == pytest.approx(times[1][1])
+
+
+class TestRule10KeptKv:
+    def test_a_restore_takes_the_main_loop_and_leaves_its_tokens_in_an_idle_slot(self) -> None:
+        server = model()
+        stream = task("stream", seq(1, 100), 60)
+        kept = seq(7, 2000)
+        out = run(server, [(0.0, stream)], loops=[(0.5, LoopWork("r", 400.0, Held(kept, 2000)))])
+        (done,) = of(out, LoopDone, "r")
+        assert isinstance(done, LoopDone) and done.slot is not None
+        assert server.slots[done.slot].held.common(kept) == 2000
+        assert 0.5 + 0.4 <= done.t <= 0.5 + 0.02 + 0.4 + 1e-9  # after the step in flight
+        gaps = [b - a for a, b in zip(stream.tokens, stream.tokens[1:], strict=False)]
+        assert max(gaps) >= 0.4  # every slot waited for the restore
+        back = task("back", seq(8, 50, kept))
+        run(server, [(5.0, back)])
+        assert back.cache_n == 2000  # found in the slot it was restored into
+
+    def test_an_empty_slot_is_taken_before_one_that_holds_a_conversation(self) -> None:
+        server = model()
+        run(server, [(0.0, task("a", seq(1, 300), 2))])
+        out = run(server, [], loops=[(5.0, LoopWork("r", 100.0, Held(seq(7, 1000), 1000)))])
+        (done,) = of(out, LoopDone, "r")
+        assert isinstance(done, LoopDone)
+        assert server.slots[done.slot or 0].held.n == 1000
+        assert any(s.held.seq.segs[0][0] == 1 for s in server.slots)  # "a" kept its slot
+
+    def test_with_no_idle_slot_a_restore_does_nothing(self) -> None:
+        server = model(parallel=1)
+        long = task("long", seq(1, 100), 200)
+        out = run(server, [(0.0, long)], loops=[(0.5, LoopWork("r", 100.0, Held(seq(7, 900), 900)))])
+        (done,) = of(out, LoopDone, "r")
+        assert isinstance(done, LoopDone) and done.slot is None
+        assert server.slots[0].held.seq.segs[0][0] == 1
+
+    def test_a_save_takes_its_time_and_changes_no_slot(self) -> None:
+        server = model()
+        stream = task("stream", seq(1, 100), 40)
+        out = run(server, [(0.0, stream)], loops=[(0.3, LoopWork("save", 700.0))])
+        (done,) = of(out, LoopDone, "save")
+        assert isinstance(done, LoopDone) and done.slot is None
+        gaps = [b - a for a, b in zip(stream.tokens, stream.tokens[1:], strict=False)]
+        assert 0.7 <= max(gaps) < 0.8

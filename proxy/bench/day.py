@@ -230,12 +230,12 @@ def server_args(setup: Sequence[str], path: str, ctx_per_slot: int) -> list[str]
             continue
         args.append(setup[i])
         i += 1
-    slots = _slots(args)
+    slots = slots_of(args)
     args += ["-c", str(slots * ctx_per_slot)]
     return args + (["-b", "512"] if path == "b512" else [])
 
 
-def _slots(args: Sequence[str]) -> int:
+def slots_of(args: Sequence[str]) -> int:
     """The slots a flag set asks for (`-np`, `--parallel`); 4 when automatic or not given."""
     for flag, value in itertools.pairwise(args):
         if flag in ("-np", "--parallel") and value.lstrip("-").isdigit() and int(value) > 0:

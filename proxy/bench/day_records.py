@@ -1,8 +1,8 @@
 """What the day's client saw, turned into figures (pure): each request as the client timed it
 (`Call`); for the direct paths, timing records in slotwise's own format made from those calls, so
 that `slotwise report`'s tables (proxy/report) are built the same way on every path; and the day's
-own figures: each returning user's and each post-summary turn's time to first token, and everyone's
-longest gap between tokens.
+own figures: each returning user's and each post-summary turn's time to first token (and how long it
+found every slot taken), and everyone's longest gap between tokens.
 
 A direct request's record follows docs/record.md from the client's side: its prefill starts the
 server's `prompt_ms` before its first token (what its wait excludes, as in the field report), so
@@ -135,21 +135,29 @@ def _ms(a: float, b: float) -> float:
 
 # -- the day's own figures -----------------------------------------------------------------------
 
-def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]] = ()
-                ) -> dict[str, Any]:
+def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]] = (),
+                slots: int | None = None) -> dict[str, Any]:
     """The figures beside the report's tables: the returning users' and post-summary turns' time
-    to first token (with what slotwise restored or warmed for them, from its records), everyone's
-    longest gap, and how many requests failed."""
+    to first token (with what slotwise restored or warmed for them, from its records, and, given
+    the server's `slots`, how long each found them all taken), everyone's longest gap, how many
+    requests failed, and all streams' token events per second of the day (the server's output: a
+    stream's own rate falls as more streams share a step)."""
     by_id = {str(r.get("id")): r for r in proxy_records}
     ordered = sorted(calls, key=lambda c: c.result.sent)
+
+    def turn(call: Call) -> dict[str, Any]:
+        return {**_turn(call, by_id),
+                "slot_wait_s": None if slots is None else slot_wait(call, ordered, slots)}
     return {
-        "returning": [_turn(c, by_id) for c in ordered if c.act is Act.RETURN],
-        "after_summary": [_turn(c, by_id) for c in ordered if c.act is Act.RESUME],
+        "returning": [turn(c) for c in ordered if c.act is Act.RETURN],
+        "after_summary": [turn(c) for c in ordered if c.act is Act.RESUME],
         "longest_gap_s": longest_gaps(ordered),
         "requests": len(ordered),
         "failed": [c.id for c in ordered if not c.ok and not c.cut],
         "cut": [c.id for c in ordered if c.cut],
-        "day_s": (max(c.end for c in ordered) - ordered[0].result.sent) if ordered else None,
+        "day_s": (day := (max(c.end for c in ordered) - ordered[0].result.sent)
+                  if ordered else None),
+        "events_per_s": sum(len(c.result.tokens) for c in ordered) / day if day else None,
     }
 
 
@@ -161,6 +169,17 @@ def _turn(call: Call, by_id: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "restored_tokens": record.get("restored_tokens"),
             "warmed_tokens": record.get("warmed_tokens"),
             "fed_tokens": record.get("fed_tokens"), "policy_note": record.get("policy_note")}
+
+
+def slot_wait(call: Call, everyone: Sequence[Call], slots: int) -> float:
+    """How long after `call` was sent the first of the server's `slots` came free: 0 when one was
+    idle then. A slot is taken by a request from its prefill's start (`Call.prefill_start`: a
+    request slotwise holds, or feeds in pieces, takes none meanwhile) to its end; slotwise's own
+    warm-ups and restores are left out, since taking a slot for them is its own choice."""
+    sent = call.result.sent
+    ends = sorted(o.end for o in everyone if o is not call and o.prefill_start is not None
+                  and o.prefill_start <= sent < o.end)
+    return 0.0 if len(ends) < slots else ends[len(ends) - slots] - sent
 
 
 def _sum(a: object, b: object) -> int | None:

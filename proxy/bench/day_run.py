@@ -27,6 +27,7 @@ from proxy.bench.day import (
     User,
     chunk_tables,
     server_args,
+    slots_of,
     slotwise_tables,
 )
 from proxy.bench.day_records import Call, client_records, day_figures
@@ -154,7 +155,7 @@ def run_path(model: ModelFiles, plan: DayPlan, setup: Sequence[str], path: str, 
         calls, log, proxy, refused = _day(model, plan, args, path, work, save)
     finally:
         shutil.rmtree(save, ignore_errors=True)  # GBs at full scale
-    figures = day_figures(calls, proxy)
+    figures = day_figures(calls, proxy, slots_of(args))
     figures["not_played"] = plan.requests() - len(calls)
     figures["warmups_refused"] = refused
     figures["elapsed_s"] = time.monotonic() - began

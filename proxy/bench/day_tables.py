@@ -116,7 +116,8 @@ def _row(table: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | Non
 
 def day_grid(runs: Runs, where: str = "") -> Table:
     """The day's own figures, a column per path: the returning users' and post-summary turns'
-    time to first token (with what slotwise restored or warmed for them), everyone's longest gap."""
+    time to first token (with what slotwise restored or warmed for them, and how long a returning
+    user found every slot taken), everyone's longest gap."""
     paths = _paths(runs)
     title = "returning users, turns after a summary, everyone's longest gap"
     grid = _grid(f"{where}: {title}" if where else title, paths)
@@ -130,6 +131,9 @@ def day_grid(runs: Runs, where: str = "") -> Table:
             grid.add_row("  its prompt (tokens)",
                          *_cells(runs, paths, _turn(kind, who, "prompt_tokens"), ""))
             grid.add_row(f"  {word} (tokens)", *_cells(runs, paths, _turn(kind, who, extra), ""))
+            if kind == "returning":
+                grid.add_row("  every slot taken for", *_cells(runs, paths,
+                                                             _turn(kind, who, "slot_wait_s"), "s"))
     grid.add_row("longest gap between tokens", *("" for _ in paths))
     for who in first["longest_gap_s"]:
         grid.add_row(f"  {who}", *_cells(runs, paths, _gap(who), "s"))
@@ -139,6 +143,7 @@ def day_grid(runs: Runs, where: str = "") -> Table:
         grid.add_row("requests not played (the day was cut)",
                      *_cells(runs, paths, _not_played, ""))
     grid.add_row("the day's length", *_cells(runs, paths, _length, "s"))
+    grid.add_row("all streams together, over the day", *_cells(runs, paths, _events_rate, "ev/s"))
     return grid
 
 
@@ -147,7 +152,7 @@ def _turn(kind: str, who: str, key: str) -> Pick:
     by name, since the order the turns came in differs between runs and paths."""
     def pick(figures: Mapping[str, Any]) -> float | int | None:
         turn = next((t for t in figures[kind] if t["who"] == who), None)
-        value = None if turn is None else turn[key]
+        value = None if turn is None else turn.get(key)
         return value if isinstance(value, int | float) else None
     return pick
 
@@ -166,6 +171,11 @@ def _cut(figures: Mapping[str, Any]) -> int:
 
 def _not_played(figures: Mapping[str, Any]) -> int:
     return int(figures.get("not_played") or 0)
+
+
+def _events_rate(figures: Mapping[str, Any]) -> float | None:
+    value = figures.get("events_per_s")
+    return value if isinstance(value, int | float) else None
 
 
 def _length(figures: Mapping[str, Any]) -> float | None:

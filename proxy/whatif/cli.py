@@ -99,7 +99,7 @@ def _write(path: str, data: bytes) -> None:
 def _summary(p: Prediction, output: str) -> None:
     work, out = p.workload, p.outcome
     say(f"slotwise whatif: {len(work.jobs)} requests replayed, {len(work.copied)} copied as they "
-        f"were, {work.dropped} records of slotwise's own work left out; {out.batches} batches in "
+        f"were, {work.dropped} records of slotwise's own work read (not copied); {out.batches} batches in "
         f"{p.elapsed_s:.2f} s → {output}")
     say(f"  recorded: {_flags(p.recorded)}")
     changed = ", ".join(p.whatif.changed) or "nothing (a replay of the recorded settings)"

@@ -1,7 +1,8 @@
 """The records a replay writes, made the way slotwise makes them: each request's `Flight` moved
 through the real `Registry` (who is in flight, whose prefill overlapped whom) at the simulated
-times, as the observer moves it for what the server sends, and `build_record` at its end. So a
-what-if's log has every field of the record, in its format, computed by the same code.
+times, as the observer moves it for what the server sends, and `build_record` at its end; kept KV's
+restores and saves by the keeper's own `kv_flight`. So a what-if's log has every field of the
+record, in its format, computed by the same code.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.keep.record import kv_flight, kv_record
 from proxy.record.flight import Flight, Phase
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
@@ -95,6 +97,17 @@ class Witness:
         flight.status, flight.outcome = 503, Outcome.REJECTED
         flight.error = f"slotwise is holding too many cold prompts: {reason}"
         self._end(flight, now)
+
+    def kv_call(self, call_id: str, slot: int, kind: Kind, file: str | None, *, start: float,
+                end: float, client: str | None, tokens: int | None, restored: int) -> None:
+        """A restore or a save of kept KV, recorded as slotwise's keeper records it."""
+        if not self._build:
+            return
+        flight = kv_flight(call_id, slot, kind, file or "", now=start, wall=start, config_gen=1,
+                           client=client)
+        flight.status, flight.outcome = 200, Outcome.DONE
+        flight.kv_tokens, flight.restored_tokens = tokens, restored
+        self.records.append(kv_record(flight, end))
 
     def _end(self, flight: Flight, now: float) -> None:
         flight.timer.on_end(now)

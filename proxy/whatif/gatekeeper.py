@@ -10,7 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
-from proxy.prefill.events import Admit, CancelPiece, Decision, FeedPiece, Forward, Hold, Reject
+from proxy.prefill.events import (
+    Admit,
+    CancelPiece,
+    Decision,
+    FeedPiece,
+    Forward,
+    Hold,
+    Reject,
+    Restorable,
+    Restore,
+    Save,
+)
 from proxy.prefill.policy import PrefillPolicy
 from proxy.record.flight import Phase
 
@@ -24,27 +35,48 @@ class Send:
     pieces_fed: bool = False
 
 
-Action = Send | Hold | FeedPiece | Reject | CancelPiece
+Action = Send | Hold | FeedPiece | Reject | CancelPiece | Restore | Save
 """What the replay applies: the policy's own decisions, Admit and Forward made one `Send`."""
 
 
 class PolicySeam:
-    """Mode `off` admits every request at once (the policy's rule 2) and decides nothing else, so
-    there the seam answers itself: the fits the policy would make of every finished prefill (most
-    of a replay's time) change no decision."""
+    """Mode `off` without kept KV admits every request at once (the policy's rule 2) and decides
+    nothing else, so there the seam answers itself: the fits the policy would make of every
+    finished prefill (most of a replay's time) change no decision. With kept KV (`keep`) the
+    policy decides restores and saves in every mode (its rules 14 and 16), as in the gate."""
 
-    def __init__(self, config: PrefillConfig, n_batch: int, slots: int) -> None:
+    def __init__(self, config: PrefillConfig, n_batch: int, slots: int, *,
+                 keep: bool = False) -> None:
         self.mode = config.mode
-        self._policy = PrefillPolicy(config, n_batch=n_batch) if config.mode != "off" else None
+        self.estimates = config.mode != "off" or keep
+        """Arrivals come with their estimate (and a kept file), as the gate's do."""
+        self._policy = PrefillPolicy(config, n_batch=n_batch) if self.estimates else None
         if self._policy is not None:  # as the gate does, from /props
             self._policy.set_slots(slots)
         self.unknown: dict[str, int] = {}
         """Decisions of a kind this seam does not know, by name (left unapplied)."""
 
-    def arrived(self, key: str, est_new: int, est_prompt: int, now: float) -> list[Action]:
+    def arrived(self, key: str, est_new: int, est_prompt: int, now: float,
+                restorable: Restorable | None = None) -> list[Action]:
         if self._policy is None:
             return [Send(key, "prefill.mode off")]
-        return self._actions(self._policy.on_arrival(key, est_new, est_prompt, now))
+        return self._actions(self._policy.on_arrival(key, est_new, est_prompt, now, restorable))
+
+    def restored(self, key: str, est_new: int, now: float) -> list[Action]:
+        return [] if self._policy is None else self._actions(
+            self._policy.on_restored(key, est_new, now))
+
+    def restore_failed(self, key: str, reason: str, now: float, *, no_slot: bool) -> list[Action]:
+        return [] if self._policy is None else self._actions(
+            self._policy.on_restore_failed(key, reason, now, no_slot=no_slot))
+
+    def save_due(self, save_id: str, now: float) -> list[Action]:
+        """A save the log shows is due; it goes when the policy lets it (rule 16: a quiet server)."""
+        return [] if self._policy is None else self._actions(self._policy.on_save_due(save_id, now))
+
+    def save_done(self, save_id: str, ms: float, now: float) -> list[Action]:
+        return [] if self._policy is None else self._actions(
+            self._policy.on_save_done(save_id, ms, now))
 
     def phase(self, key: str, phase: Phase, now: float, *, prompt_n: int | None = None,
               prompt_ms: float | None = None, cache_n: int = 0) -> list[Action]:
@@ -87,7 +119,7 @@ class PolicySeam:
                 out.append(Send(decision.req_id, decision.reason))
             elif isinstance(decision, Forward):
                 out.append(Send(decision.req_id, decision.reason, pieces_fed=True))
-            elif isinstance(decision, Hold | FeedPiece | Reject | CancelPiece):
+            elif isinstance(decision, Hold | FeedPiece | Reject | CancelPiece | Restore | Save):
                 out.append(decision)
             else:
                 name = type(decision).__name__

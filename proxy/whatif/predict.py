@@ -143,26 +143,34 @@ def predict(inputs: Inputs) -> Prediction:
                       notes + outcome.notes + unmodelled(whatif, workload))
 
 
-MODELLED_TABLES = ("prefill", "lora")
+MODELLED_TABLES = ("prefill", "lora", "keep_kv")
 """The slotwise tables the replay follows; a key of another table changes nothing in it."""
 
 
 def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     """What the what-if's settings ask for that the model does not do (yet)."""
     notes = []
-    if whatif.config.keep_kv.enabled:
-        notes.append("keep_kv: not modelled yet: no conversation is saved or restored (restores "
-                     "in the log are computed again)")
+    files, saves = len(workload.files), len(workload.saves)
+    if whatif.config.keep_kv.enabled and (files or saves):
+        notes.append(f"keep_kv: the {files} restores and {saves} saves the log shows go as "
+                     "slotwise's policy decides them; a conversation the log shows no file of is "
+                     "never saved nor restored")
+    elif whatif.config.keep_kv.enabled:
+        notes.append("keep_kv: the log shows no kept file (recorded without keep_kv): nothing to "
+                     "restore; which conversations slotwise would have saved is not modelled")
+    elif files:
+        notes.append(f"keep_kv off: the {files} requests the log shows restored compute what their "
+                     "file held")
     if workload.guessed:
         notes.append(f"{len(workload.guessed)} requests whose client left before their size was "
                      f"logged ({', '.join(workload.guessed[:5])}) replayed with the median prompt, "
                      "nothing cached; those with no first token either hold their place and are "
                      "never computed")
-    if workload.dropped:
-        notes.append(f"warm-ups, saves and restores: {workload.dropped} records of them left out; "
-                     "what they computed is computed by the requests")
+    if workload.warmups:
+        notes.append(f"warm-ups: not modelled: {workload.warmups} records of them left out; what "
+                     "they computed is computed by the requests")
     others = sorted({k for k in whatif.changed if "." in k
-                     and k.split(".", 1)[0] not in (*MODELLED_TABLES, "keep_kv")})
+                     and k.split(".", 1)[0] not in MODELLED_TABLES})
     if others:
         notes.append(f"{', '.join(others)}: no effect on what the model follows")
     return notes

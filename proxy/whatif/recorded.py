@@ -1,6 +1,7 @@
 """What a log was recorded under, as far as it tells: llama-server's flags from its own log's start-up
-lines (else llama-server's defaults), slotwise's `[prefill]` mode and `[lora]` profile from what
-the records show slotwise did (unless the recorded config file is given). Each guess is said. Pure.
+lines (else llama-server's defaults), slotwise's `[prefill]` mode, `[lora]` profile and
+`[keep_kv]` from what the records show slotwise did (unless the recorded config file is given).
+Each guess is said. Pure.
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.report.records import RecordLine
+from proxy.config import KeepKvConfig
+from proxy.report.records import RecordLine, num
+from proxy.whatif.kept import shows_keep
 
 
 def recorded_server(found: Mapping[str, Any], given: Mapping[str, Any]) -> tuple[dict[str, Any],
@@ -28,7 +31,7 @@ def recorded_config(records: Sequence[RecordLine]) -> tuple[dict[str, Any], list
     """A config mapping for what the records show slotwise did (no config file given)."""
     data: dict[str, Any] = {}
     notes: list[str] = []
-    mode = _prefill_mode(records)
+    mode = _prefill_mode(records, keep=shows_keep(records))
     if mode != "off":
         data["prefill"] = {"mode": mode}
         notes.append(f"recorded prefill.mode taken as {mode!r} from the records (give the "
@@ -37,15 +40,25 @@ def recorded_config(records: Sequence[RecordLine]) -> tuple[dict[str, Any], list
     if lora is not None:
         data["lora"] = lora
         notes.append(f"recorded lora.mode taken as {lora['mode']!r} from the records")
+    if shows_keep(records):
+        keep: dict[str, Any] = {"enabled": True}
+        restored = [int(n) for r in records if (n := num(r, "restored_tokens")) and n > 0]
+        if restored and min(restored) < KeepKvConfig.min_tokens:
+            keep["min_tokens"] = min(restored)  # it restored that little: its bound was lower
+        data["keep_kv"] = keep
+        notes.append("recorded keep_kv taken as on from the records (they show saves or restores)")
     return data, notes
 
 
-def _prefill_mode(records: Iterable[RecordLine]) -> str:
+def _prefill_mode(records: Iterable[RecordLine], *, keep: bool) -> str:
+    """`chunk` when a record shows pieces; `defer` when one shows an estimate (with keep_kv on,
+    every request has one in any mode: then only when one says it was cold); else `off`."""
     mode = "off"
     for record in records:
         if record.get("pieces") or record.get("prefill_plan") == "chunked":
             return "chunk"
-        if record.get("est_new_tokens") is not None:
+        if record.get("est_new_tokens") is not None and (
+                not keep or "cold" in str(record.get("policy_note") or "")):
             mode = "defer"
     return mode
 

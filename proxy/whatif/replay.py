@@ -2,8 +2,12 @@
 the server model, one clock for both; what happens becomes their records.
 
 One loop over one heap of timed events (arrivals, sends after slotwise's own time, pieces, clients
-leaving, the policy's wake-ups) and the server model's boundaries, always the earlier first; the
-server runs quiet decode stretches up to the next event in one go. Pure: the clock is simulated.
+leaving, the policy's wake-ups, saves of kept KV coming due) and the server model's boundaries,
+always the earlier first; the server runs quiet decode stretches up to the next event in one go.
+With keep_kv on, a request the log shows restored from a kept file arrives with that file
+(`Restorable`), the policy decides when it is restored (its rule 14), and the saves the log shows
+go when the policy lets them (its rule 16); both take the server model's main loop (its rule 10).
+Pure: the clock is simulated.
 """
 
 from __future__ import annotations
@@ -15,16 +19,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject
+from proxy.keep.store import MOST
+from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restorable, Restore, Save
 from proxy.prefill.policy import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
+from proxy.record.kind import Kind
 from proxy.record.schema import Record
 from proxy.whatif.costs import Costs
 from proxy.whatif.flights import Witness
 from proxy.whatif.gatekeeper import Action, PolicySeam, Send
+from proxy.whatif.kept import RESTORE_SUFFIX, LoggedSave
 from proxy.whatif.loras import LoraPlan, adapters_in, batch_key, explicit
+from proxy.whatif.prompts import Held
 from proxy.whatif.requests import Job, Workload
-from proxy.whatif.server import Failed, Finished, FirstToken, Happening, ServerModel, Started
+from proxy.whatif.server import (
+    Failed,
+    Finished,
+    FirstToken,
+    Happening,
+    LoopDone,
+    LoopWork,
+    ServerModel,
+    Started,
+)
 from proxy.whatif.settings import Settings
 from proxy.whatif.slots import Task
 
@@ -42,6 +59,7 @@ class _Live:
     piece: Task | None = None
     held_at: float | None = None
     ended: bool = False
+    cached_before_restore: int = 0
 
 
 @dataclass
@@ -63,7 +81,9 @@ class Replay:
         self.server = ServerModel(settings.server, costs)
         self.server.preload(workload.before_log, workload.used_before)
         self.witness = Witness(build=records)
-        self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel)
+        self.keep = cfg.keep_kv.enabled
+        self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
+                                 keep=self.keep)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
@@ -76,6 +96,8 @@ class Replay:
         self._now = 0.0
         self._next_turns: dict[str, list[Job]] = {}
         """Requests sent after the one they name ended, by its id (requests.py, `Job.after`)."""
+        self._saves_due: dict[str, LoggedSave] = {}
+        """Saves the log shows, come due, that the policy has not let go yet."""
         self.witness.registry.subscribe(self._on_phase)
 
     def run(self) -> Outcome:
@@ -84,6 +106,8 @@ class Replay:
                 self._at(job.arrival, functools.partial(self._arrive, job))
             else:
                 self._next_turns.setdefault(job.after, []).append(job)
+        for save in self.work.saves if self.keep else ():
+            self._at(save.at, functools.partial(self._save_due, save))
         server = self.server
         while True:
             t_ext = self._heap[0][0] if self._heap else float("inf")
@@ -98,6 +122,8 @@ class Replay:
                 act(t)
             else:
                 break
+            if self._saves_due:
+                self._try_saves()
             self._schedule_tick()
         notes = [self.loras.note] if self.loras.note else []
         return Outcome(self.witness.records, server.batches, self.policy.cost_summary(),
@@ -114,16 +140,36 @@ class Replay:
         if job.patience_s is not None:
             leaves = job.cut_at if job.cut_at is not None else now + job.patience_s
             self._at(max(now, leaves), lambda t: self._gone(live, t))
-        if self.policy.mode == "off":
+        if not self.policy.estimates:
             self._apply(self.policy.arrived(live.key, 0, 0, now), now)
             return
-        est_new = job.prompt_tokens - self.server.common(job.prompt)
+        cached = self.server.common(job.prompt)
+        # a starved request's size is a guess (requests.py): never cold, so never fed in pieces;
+        # sent, it holds its place as the log shows and is never computed
+        est_new = 0 if job.starved else job.prompt_tokens - cached
         facts = flight.prefill
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
-        self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now), now)
+        self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
+                                        self._restorable(job, cached)), now)
+
+    def _restorable(self, job: Job, cached: int) -> Restorable | None:
+        """The file the log shows this request restored, if keep_kv is on and it would spare
+        enough now (the keep store's rule 7: `min_tokens` more than is cached, `MOST` of the
+        prompt)."""
+        file = self.work.files.get(job.id)
+        if not self.keep or file is None or not job.kept:
+            return None
+        knobs = self.settings.config.keep_kv
+        spare = job.kept - cached
+        if spare < knobs.min_tokens or job.kept < MOST * job.prompt_tokens:
+            return None
+        return Restorable(spare, file.restore_ms, knobs.max_wait_s)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
+            if isinstance(action, Save):
+                self._save(action.req_id, now)
+                continue
             live = self._live.get(action.req_id)
             if live is None or live.ended:
                 continue
@@ -142,6 +188,8 @@ class Replay:
             elif isinstance(action, CancelPiece) and live.piece is not None:
                 self.server.cancel(live.piece, now)
                 live.piece = None
+            elif isinstance(action, Restore):
+                self._restore(live, now)
 
     def _release(self, live: _Live, action: Send, now: float) -> None:
         facts = live.flight.prefill
@@ -181,6 +229,55 @@ class Replay:
                     if piece.tokens and piece.t_start is not None else 0.0)
         self._apply(self.policy.piece_done(live.key, piece.prompt_n, batch_ms, now), now)
 
+    # ---- kept KV (keep_kv) ----------------------------------------------------------------------
+
+    def _restore(self, live: _Live, now: float) -> None:
+        job = live.job
+        file = self.work.files[job.id]
+        live.cached_before_restore = self.server.common(job.prompt)
+        self.server.run_on_loop(LoopWork(live.key, file.restore_ms,
+                                         Held(job.prompt, job.kept)), now)
+
+    def _restore_done(self, live: _Live, done: LoopDone) -> None:
+        job, now = live.job, done.t
+        if done.slot is None:
+            self._apply(self.policy.restore_failed(live.key, "no idle slot to restore into", now,
+                                                   no_slot=True), now)
+            return
+        restored = max(0, job.kept - live.cached_before_restore)
+        live.flight.restored_tokens = restored
+        file = self.work.files[job.id]
+        self.witness.kv_call(f"{job.id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE, file.name,
+                             start=now - done.work.ms / 1000.0, end=now, client=job.client,
+                             tokens=job.kept, restored=restored)
+        self._apply(self.policy.restored(live.key, job.prompt_tokens - job.kept, now), now)
+
+    def _save_due(self, save: LoggedSave, now: float) -> None:
+        self._saves_due[save.id] = save
+        self._try_saves()
+
+    def _try_saves(self) -> None:
+        """The policy lets one save go at a time, on a quiet server (its rule 16)."""
+        now = self._now
+        for save_id in list(self._saves_due):
+            actions = self.policy.save_due(save_id, now)
+            if actions:
+                self._apply(actions, now)
+                return
+
+    def _save(self, save_id: str, now: float) -> None:
+        save = self._saves_due.pop(save_id, None)
+        if save is not None:
+            self.server.run_on_loop(LoopWork(save_id, save.ms), now)
+
+    def _save_done(self, done: LoopDone) -> None:
+        save = next((s for s in self.work.saves if s.id == done.work.key), None)
+        if save is not None:
+            self.witness.kv_call(save.id, save.slot, Kind.KV_SAVE, save.name,
+                                 start=done.t - save.ms / 1000.0, end=done.t, client=None,
+                                 tokens=save.tokens, restored=0)
+        self._apply(self.policy.save_done(done.work.key, done.work.ms, done.t), done.t)
+
     def _gone(self, live: _Live, now: float) -> None:
         if live.ended:
             return
@@ -201,6 +298,9 @@ class Replay:
     # ---- the server side ------------------------------------------------------------------------
 
     def _happened(self, happening: Happening) -> None:
+        if isinstance(happening, LoopDone):
+            self._loop_done(happening)
+            return
         task = happening.task
         live = self._live.get(task.key)
         if live is None or live.ended:
@@ -226,6 +326,14 @@ class Replay:
         elif isinstance(happening, Failed):
             self._finish(live, now)
             self.witness.failed(live.flight, happening.status, happening.error, now)
+
+    def _loop_done(self, done: LoopDone) -> None:
+        if done.work.held is None:
+            self._save_done(done)
+            return
+        live = self._live.get(done.work.key)
+        if live is not None and not live.ended:
+            self._restore_done(live, done)
 
     def _on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
         """The registry's listener, as the prefill gate's `on_phase`."""

@@ -7,7 +7,9 @@ what slotwise's own warm-ups, restores and pieces put there): the newest earlier
 same client whose prompt and reply are at least that long, else any earlier one, else a sequence
 from before the log began. A client's prompt that found less than its previous prompt after a
 pause of `return_gap_s` or more is taken to extend that prompt and reply whole: the history was
-the same, the server had lost it (a first turn of the day). Pure.
+the same, the server had lost it (a first turn of the day). A prompt part of which a kept file
+restored (keep_kv) extends the client's newest earlier request that long, the one whose
+conversation was saved; with none, the restored part was saved before the log (kept.py). Pure.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from proxy.report.records import (
     start_of,
     timing,
 )
+from proxy.whatif.kept import KeptFile, LoggedSave, kept_files, logged_saves
 from proxy.whatif.prompts import SegmentIds, Seq
 
 RETURN_GAP_S = 600.0
@@ -82,6 +85,9 @@ class Job:
     """The client's previous request, when this one was sent after that one ended (a user reads
     the reply, then types): the replay sends it `think_s` after that request's end there."""
     think_s: float = 0.0
+    kept: int = 0
+    """The prompt's first tokens a kept file held when it arrived (keep_kv: what the log shows it
+    restored, with what the server had already); 0: no file."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -94,7 +100,10 @@ class Workload:
     copied: list[RecordLine] = field(default_factory=list)
     """Records the what-if does not model, written out as they were."""
     dropped: int = 0
-    """Records of slotwise's own work (warm-ups, saves, restores) left out."""
+    """Records of slotwise's own work (warm-ups, saves, restores) left out as records (kept.py
+    reads the saves and restores)."""
+    warmups: int = 0
+    """Of them, warm-ups (not modelled)."""
     before_log: list[Seq] = field(default_factory=list)
     """Sequences some prompt found cached that no earlier request in the log explains."""
     returns: int = 0
@@ -104,6 +113,10 @@ class Workload:
     """Requests whose client left before the server said their prompt's size: replayed with the
     log's median prompt (they held a slot or a place in the queue all the same); those with no
     first token either are `starved`."""
+    files: dict[str, KeptFile] = field(default_factory=dict)
+    """The kept file each request the log shows restored had, by its id (kept.py)."""
+    saves: list[LoggedSave] = field(default_factory=list)
+    """The saves of kept KV the log shows."""
 
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
@@ -113,7 +126,7 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
     the recorded settings found it cached where the recording did not); `sizes`: id → (prompt,
     cached) of requests whose client left before the server said them, as its log shows."""
     records = sorted(records, key=start_of)
-    work = Workload()
+    work = Workload(files=kept_files(records), saves=logged_saves(records))
     typical = _typical_generated(records)
     usual_prompt = _typical_prompt(records)
     ids = SegmentIds()
@@ -125,6 +138,7 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
         kind = record.get("kind")
         if kind in OWN_KINDS:
             work.dropped += 1
+            work.warmups += kind == Kind.WARM
             continue
         client = record.get("client")
         previous = last.get(client) if isinstance(client, str) else None
@@ -161,6 +175,8 @@ class _Shape:
     prompt: int
     cache: int
     generated: int
+    restored: int = 0
+    """Tokens a kept file spared it in the log (not in `cache`)."""
 
 
 def _shape(record: RecordLine, typical: int) -> _Shape | None:
@@ -182,7 +198,9 @@ def _shape(record: RecordLine, typical: int) -> _Shape | None:
     generated = timing(record, "predicted_n")
     if generated is None or record.get("outcome") != "done":
         generated = max(float(typical), float(num(record, "events") or 0))
-    return _Shape(prompt, cache, max(1, int(generated)))
+    restored = int(num(record, "restored_tokens") or 0)
+    return _Shape(prompt, cache, max(1, int(generated)),
+                  max(0, min(restored, prompt - 1 - cache)))
 
 
 def _left_unsized(record: RecordLine) -> bool:
@@ -207,16 +225,23 @@ def _job(record: RecordLine, shape: _Shape, work: Workload,
          by_client: Mapping[str | None, list[Job]], ids: SegmentIds, return_gap_s: float) -> Job:
     arrival = start_of(record)
     client = record.get("client") if isinstance(record.get("client"), str) else None
-    mine = by_client.get(client, []) if client is not None else []
-    parent, shared = _parent(mine[-SEARCH_BACK:][::-1], work.jobs[-SEARCH_BACK:][::-1], shape,
-                             arrival, return_gap_s)
-    if parent is None and shape.cache > 0:
-        parent = Seq(((ids(), shape.cache),), shape.cache)
-        work.before_log.append(parent)
-        shared = shape.cache
-    if parent is not None and shared > shape.cache:
-        work.returns += 1
-    base = parent.prefix(shared) if parent is not None else Seq()
+    mine = by_client.get(client, [])[-SEARCH_BACK:][::-1] if client is not None else []
+    kept = shape.cache + shape.restored if shape.restored else 0
+    saved = next((j.out for j in mine if j.out.length >= kept), None) if kept else None
+    if saved is not None:
+        base = saved.prefix(kept)
+    else:
+        parent, shared = _parent(mine, work.jobs[-SEARCH_BACK:][::-1], shape, arrival,
+                                 math.inf if kept else return_gap_s)
+        if parent is None and shape.cache > 0:
+            parent = Seq(((ids(), shape.cache),), shape.cache)
+            work.before_log.append(parent)
+            shared = shape.cache
+        if parent is not None and shared > shape.cache:
+            work.returns += 1
+        base = parent.prefix(shared) if parent is not None else Seq()
+        if kept:  # restored from a file saved before the log began
+            base = base.extend(ids(), kept - base.length)
     prompt = base.extend(ids(), shape.prompt - base.length)
     stream = record.get("stream") is True
     events = int(num(record, "events") or 0) if stream else 0
@@ -226,7 +251,7 @@ def _job(record: RecordLine, shape: _Shape, work: Workload,
         events=min(events, shape.generated) if events else (shape.generated if stream else 0),
         stream=stream, client=client, lora_in=lora_asked(record),
         patience_s=_patience(record), overhead_s=_overhead(record), shared=base.length,
-        recorded_cache=shape.cache)
+        recorded_cache=shape.cache, kept=kept)
 
 
 def _parent(mine: Sequence[Job], recent: Sequence[Job], shape: _Shape, arrival: float,

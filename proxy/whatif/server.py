@@ -33,6 +33,10 @@ Rules (tests/test_whatif_server.py follows them one to one):
  9. A stretch of decode-only batches with nothing waiting is computed at once, up to the horizon
     (the next outside event) or the batch that finishes a task: the same tokens at the same times
     as batch by batch.
+10. Kept KV (keep_kv): a restore of a file and a save of a slot are tasks the main loop runs
+    between two batches, in the order they came, each taking its time while every slot waits. A
+    restore goes into an idle slot, an empty one first, else the least recently used, which then
+    holds the file's tokens (what it held before is gone); with no idle slot it does nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +83,24 @@ class Failed:
     error: str
 
 
-Happening = Started | FirstToken | Finished | Failed
+@dataclass(eq=False)
+class LoopWork:
+    """A restore or a save (rule 10): `ms` of the main loop; `held`: a restore's tokens."""
+
+    key: str
+    ms: float
+    held: Held | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopDone:
+    work: LoopWork
+    t: float
+    slot: int | None
+    """The slot restored into; None for a save, or a restore that found no idle slot."""
+
+
+Happening = Started | FirstToken | Finished | Failed | LoopDone
 
 
 @dataclass
@@ -88,6 +109,9 @@ class _Batch:
     end: float
     runs: list[tuple[Slot, int]]
     decoders: list[Slot]
+    work: LoopWork | None = None
+    """Not a batch: a restore or a save the main loop runs (rule 10)."""
+    slot: int | None = None
 
 
 class ServerModel:
@@ -98,6 +122,7 @@ class ServerModel:
         self._batch: _Batch | None = None
         self._wake: float | None = None
         self._lora = "default"
+        self._loop: list[LoopWork] = []
         self.batches = 0
 
     # ---- the outside -----------------------------------------------------------------------
@@ -108,6 +133,12 @@ class ServerModel:
 
     def submit(self, task: Task, now: float) -> None:
         self.table.queue.append(task)
+        if self._batch is None and self._wake is None:
+            self._wake = now
+
+    def run_on_loop(self, work: LoopWork, now: float) -> None:
+        """Rule 10: a restore or a save, run at the next boundary (`LoopDone` when it ends)."""
+        self._loop.append(work)
         if self._batch is None and self._wake is None:
             self._wake = now
 
@@ -124,20 +155,31 @@ class ServerModel:
         return self.table.common(prompt)
 
     def boundary(self, horizon: float) -> list[Happening]:
-        """The batch in flight ends (or work came): its tokens, releases, queued tasks, the next
-        batch. Quiet decode steps that end before `horizon` are run at once."""
+        """The batch in flight ends (or work came): its tokens, releases, restores and saves,
+        queued tasks, the next batch. Quiet decode steps that end before `horizon` are run at
+        once."""
         now = self.next_at
         if now is None:
             return []
         out: list[Happening] = []
         batch, self._batch, self._wake = self._batch, None, None
-        if batch is not None:
+        looped = batch is not None and batch.work is not None
+        if batch is not None and batch.work is not None:
+            out.append(LoopDone(batch.work, now, batch.slot))
+        elif batch is not None:
             self._post_decode(batch, out)
+        if self._loop:  # rule 10: a restore or a save, before any queued task or batch
+            work = self._loop.pop(0)
+            slot = self.table.restore(work.held) if work.held is not None else None
+            self._batch = _Batch(now, now + work.ms / 1000.0, [], [], work,
+                                 None if slot is None else slot.id)
+            return out
         spent_ms = self.table.assign(now)
         self._batch = self._build(now + spent_ms / 1000.0, out)
         if self._batch is None and self.table.queue:
             self._wake = now + spent_ms / 1000.0
-        elif self._batch is not None and self._quiet(self._batch):
+        elif self._batch is not None and not looped and self._quiet(self._batch):
+            # after a restore, one step: what it lets go (its request) is sent in reply to it
             self._run_decode(self._batch, horizon)
         return out
 
@@ -266,7 +308,7 @@ class ServerModel:
     # ---- quiet decode stretches ----------------------------------------------------------------
 
     def _quiet(self, batch: _Batch) -> bool:
-        return (not batch.runs and not self.table.queue
+        return (not batch.runs and not self.table.queue and not self._loop
                 and all(s.phase in (Phase.IDLE, Phase.GEN) for s in self.slots)
                 and not any(s.task is not None and s.task.cancelled for s in self.slots))
 

@@ -102,6 +102,17 @@ class Slots:
         idle = (s.held.common(prompt) for s in self.slots if s.phase is Phase.IDLE)
         return max(max(idle, default=0), self.cache.common(prompt))
 
+    def restore(self, held: Held) -> Slot | None:
+        """The server model's rule 10: a kept file into an idle slot, an empty one first, else the
+        least recently used (slotwise primes it so that the request keeps it: no LoRA switch
+        clears it); None when every slot is busy."""
+        idle = [s for s in self.slots if s.phase is Phase.IDLE]
+        if not idle:
+            return None
+        slot = min(idle, key=lambda s: (s.held.n > 0, s.t_last, s.released))
+        slot.held, slot.lora = held, None
+        return slot
+
     def assign(self, now: float) -> float:
         """Between two batches: cancelled tasks leave their slots, queued tasks get slots (rules 1,
         2). Returns the main loop's time spent copying to and from the RAM cache, in ms."""
