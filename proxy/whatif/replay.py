@@ -4,10 +4,7 @@ the server model, one clock for both; what happens becomes their records.
 One loop over one heap of timed events (arrivals, sends after slotwise's own time, pieces, clients
 leaving, the policy's wake-ups, saves of kept KV coming due) and the server model's boundaries,
 always the earlier first; the server runs quiet decode stretches up to the next event in one go.
-With keep_kv on, a request the log shows restored from a kept file arrives with that file
-(`Restorable`), the policy decides when it is restored (its rule 14), and the saves the log shows
-go when the policy lets them (its rule 16); both take the server model's main loop (its rule 10).
-Pure: the clock is simulated.
+Kept KV's restores and saves are keeping.py's. Pure: the clock is simulated.
 """
 
 from __future__ import annotations
@@ -19,18 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.keep.store import MOST
-from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restorable, Restore, Save
+from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, Save
 from proxy.prefill.policy import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
-from proxy.record.kind import Kind
 from proxy.record.schema import Record
 from proxy.whatif.costs import Costs
 from proxy.whatif.flights import Witness
 from proxy.whatif.gatekeeper import Action, PolicySeam, Send
-from proxy.whatif.kept import RESTORE_SUFFIX, LoggedSave
+from proxy.whatif.keeping import Keeping
 from proxy.whatif.loras import LoraPlan, adapters_in, batch_key, explicit
-from proxy.whatif.prompts import Held
 from proxy.whatif.requests import Job, Workload
 from proxy.whatif.server import (
     Failed,
@@ -38,7 +32,6 @@ from proxy.whatif.server import (
     FirstToken,
     Happening,
     LoopDone,
-    LoopWork,
     ServerModel,
     Started,
 )
@@ -59,7 +52,6 @@ class _Live:
     piece: Task | None = None
     held_at: float | None = None
     ended: bool = False
-    cached_before_restore: int = 0
 
 
 @dataclass
@@ -81,9 +73,8 @@ class Replay:
         self.server = ServerModel(settings.server, costs)
         self.server.preload(workload.before_log, workload.used_before)
         self.witness = Witness(build=records)
-        self.keep = cfg.keep_kv.enabled
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
-                                 keep=self.keep)
+                                 keep=cfg.keep_kv.enabled)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
@@ -96,8 +87,8 @@ class Replay:
         self._now = 0.0
         self._next_turns: dict[str, list[Job]] = {}
         """Requests sent after the one they name ended, by its id (requests.py, `Job.after`)."""
-        self._saves_due: dict[str, LoggedSave] = {}
-        """Saves the log shows, come due, that the policy has not let go yet."""
+        self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
+                               self._apply)
         self.witness.registry.subscribe(self._on_phase)
 
     def run(self) -> Outcome:
@@ -106,8 +97,8 @@ class Replay:
                 self._at(job.arrival, functools.partial(self._arrive, job))
             else:
                 self._next_turns.setdefault(job.after, []).append(job)
-        for save in self.work.saves if self.keep else ():
-            self._at(save.at, functools.partial(self._save_due, save))
+        for save in self.keeping.saves:
+            self._at(save.at, functools.partial(self.keeping.save_due, save))
         server = self.server
         while True:
             t_ext = self._heap[0][0] if self._heap else float("inf")
@@ -122,8 +113,8 @@ class Replay:
                 act(t)
             else:
                 break
-            if self._saves_due:
-                self._try_saves()
+            if self.keeping.waiting:
+                self.keeping.try_saves(self._now)
             self._schedule_tick()
         notes = [self.loras.note] if self.loras.note else []
         return Outcome(self.witness.records, server.batches, self.policy.cost_summary(),
@@ -150,25 +141,12 @@ class Replay:
         facts = flight.prefill
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
         self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
-                                        self._restorable(job, cached)), now)
-
-    def _restorable(self, job: Job, cached: int) -> Restorable | None:
-        """The file the log shows this request restored, if keep_kv is on and it would spare
-        enough now (the keep store's rule 7: `min_tokens` more than is cached, `MOST` of the
-        prompt)."""
-        file = self.work.files.get(job.id)
-        if not self.keep or file is None or not job.kept:
-            return None
-        knobs = self.settings.config.keep_kv
-        spare = job.kept - cached
-        if spare < knobs.min_tokens or job.kept < MOST * job.prompt_tokens:
-            return None
-        return Restorable(spare, file.restore_ms, knobs.max_wait_s)
+                                        self.keeping.restorable(job, cached)), now)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
             if isinstance(action, Save):
-                self._save(action.req_id, now)
+                self.keeping.save(action.req_id, now)
                 continue
             live = self._live.get(action.req_id)
             if live is None or live.ended:
@@ -189,7 +167,7 @@ class Replay:
                 self.server.cancel(live.piece, now)
                 live.piece = None
             elif isinstance(action, Restore):
-                self._restore(live, now)
+                self.keeping.restore(live.key, live.job, now)
 
     def _release(self, live: _Live, action: Send, now: float) -> None:
         facts = live.flight.prefill
@@ -228,55 +206,6 @@ class Replay:
         batch_ms = ((piece.tokens[0] - piece.t_start) * 1000.0
                     if piece.tokens and piece.t_start is not None else 0.0)
         self._apply(self.policy.piece_done(live.key, piece.prompt_n, batch_ms, now), now)
-
-    # ---- kept KV (keep_kv) ----------------------------------------------------------------------
-
-    def _restore(self, live: _Live, now: float) -> None:
-        job = live.job
-        file = self.work.files[job.id]
-        live.cached_before_restore = self.server.common(job.prompt)
-        self.server.run_on_loop(LoopWork(live.key, file.restore_ms,
-                                         Held(job.prompt, job.kept)), now)
-
-    def _restore_done(self, live: _Live, done: LoopDone) -> None:
-        job, now = live.job, done.t
-        if done.slot is None:
-            self._apply(self.policy.restore_failed(live.key, "no idle slot to restore into", now,
-                                                   no_slot=True), now)
-            return
-        restored = max(0, job.kept - live.cached_before_restore)
-        live.flight.restored_tokens = restored
-        file = self.work.files[job.id]
-        self.witness.kv_call(f"{job.id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE, file.name,
-                             start=now - done.work.ms / 1000.0, end=now, client=job.client,
-                             tokens=job.kept, restored=restored)
-        self._apply(self.policy.restored(live.key, job.prompt_tokens - job.kept, now), now)
-
-    def _save_due(self, save: LoggedSave, now: float) -> None:
-        self._saves_due[save.id] = save
-        self._try_saves()
-
-    def _try_saves(self) -> None:
-        """The policy lets one save go at a time, on a quiet server (its rule 16)."""
-        now = self._now
-        for save_id in list(self._saves_due):
-            actions = self.policy.save_due(save_id, now)
-            if actions:
-                self._apply(actions, now)
-                return
-
-    def _save(self, save_id: str, now: float) -> None:
-        save = self._saves_due.pop(save_id, None)
-        if save is not None:
-            self.server.run_on_loop(LoopWork(save_id, save.ms), now)
-
-    def _save_done(self, done: LoopDone) -> None:
-        save = next((s for s in self.work.saves if s.id == done.work.key), None)
-        if save is not None:
-            self.witness.kv_call(save.id, save.slot, Kind.KV_SAVE, save.name,
-                                 start=done.t - save.ms / 1000.0, end=done.t, client=None,
-                                 tokens=save.tokens, restored=0)
-        self._apply(self.policy.save_done(done.work.key, done.work.ms, done.t), done.t)
 
     def _gone(self, live: _Live, now: float) -> None:
         if live.ended:
@@ -329,11 +258,11 @@ class Replay:
 
     def _loop_done(self, done: LoopDone) -> None:
         if done.work.held is None:
-            self._save_done(done)
+            self.keeping.saved(done)
             return
         live = self._live.get(done.work.key)
         if live is not None and not live.ended:
-            self._restore_done(live, done)
+            self.keeping.restored(live.key, live.job, live.flight, done)
 
     def _on_phase(self, flight: Flight, old: Phase, new: Phase, now: float) -> None:
         """The registry's listener, as the prefill gate's `on_phase`."""

@@ -36,7 +36,8 @@ Rules (tests/test_whatif_server.py follows them one to one):
 10. Kept KV (keep_kv): a restore of a file and a save of a slot are tasks the main loop runs
     between two batches, in the order they came, each taking its time while every slot waits. A
     restore goes into an idle slot, an empty one first, else the least recently used, which then
-    holds the file's tokens (what it held before is gone); with no idle slot it does nothing.
+    holds the file's tokens (what it held before is gone); with no idle slot it does nothing. The
+    batch after one is never a quiet stretch (rule 9): what it lets go is sent in reply to it.
 """
 
 from __future__ import annotations

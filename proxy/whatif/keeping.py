@@ -1,0 +1,106 @@
+"""Kept KV (keep_kv) inside the replay: a request the log shows restored arrives with its file
+(`Restorable`), the prefill policy decides when it is restored (its rule 14), and the saves the log
+shows go when the policy lets them (its rule 16); both are the server model's main-loop work (its
+rule 10), and their records are the keeper's own. The files are the ones the log shows (kept.py).
+Pure: driven by the replay's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from proxy.config import KeepKvConfig
+from proxy.keep.store import MOST
+from proxy.prefill.events import Restorable
+from proxy.record.flight import Flight
+from proxy.record.kind import Kind
+from proxy.whatif.flights import Witness
+from proxy.whatif.gatekeeper import Action, PolicySeam
+from proxy.whatif.kept import RESTORE_SUFFIX, LoggedSave
+from proxy.whatif.prompts import Held
+from proxy.whatif.requests import Job, Workload
+from proxy.whatif.server import LoopDone, LoopWork, ServerModel
+
+Apply = Callable[[list[Action], float], None]
+
+
+class Keeping:
+    def __init__(self, work: Workload, knobs: KeepKvConfig, server: ServerModel,
+                 policy: PolicySeam, witness: Witness, apply: Apply) -> None:
+        self.enabled = knobs.enabled
+        self._work, self._knobs, self._server = work, knobs, server
+        self._policy, self._witness, self._apply = policy, witness, apply
+        self._before: dict[str, int] = {}
+        """What the server held of each restoring request's prompt before its restore, by key."""
+        self._due: dict[str, LoggedSave] = {}
+        """Saves come due that the policy has not let go yet."""
+
+    @property
+    def saves(self) -> list[LoggedSave]:
+        """The saves the log shows (none with keep_kv off)."""
+        return self._work.saves if self.enabled else []
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._due)
+
+    # ---- restores -------------------------------------------------------------------------------
+
+    def restorable(self, job: Job, cached: int) -> Restorable | None:
+        """The file the log shows this request restored, if it would spare enough now (the keep
+        store's rule 7: `min_tokens` more than is cached, `MOST` of the prompt)."""
+        file = self._work.files.get(job.id)
+        if not self.enabled or file is None or not job.kept:
+            return None
+        spare = job.kept - cached
+        if spare < self._knobs.min_tokens or job.kept < MOST * job.prompt_tokens:
+            return None
+        return Restorable(spare, file.restore_ms, self._knobs.max_wait_s)
+
+    def restore(self, key: str, job: Job, now: float) -> None:
+        """The policy's Restore: the file goes into an idle slot at the next boundary."""
+        self._before[key] = self._server.common(job.prompt)
+        self._server.run_on_loop(LoopWork(key, self._work.files[job.id].restore_ms,
+                                          Held(job.prompt, job.kept)), now)
+
+    def restored(self, key: str, job: Job, flight: Flight, done: LoopDone) -> None:
+        """Its restore ended: in a slot (the request goes on with the rest to compute), or with
+        no idle slot to go into (it waits for a request to end)."""
+        now, before = done.t, self._before.pop(key, 0)
+        if done.slot is None:
+            self._apply(self._policy.restore_failed(key, "no idle slot to restore into", now,
+                                                    no_slot=True), now)
+            return
+        flight.restored_tokens = spared = max(0, job.kept - before)
+        self._witness.kv_call(f"{job.id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
+                              self._work.files[job.id].name, start=now - done.work.ms / 1000.0,
+                              end=now, client=job.client, tokens=job.kept, restored=spared)
+        self._apply(self._policy.restored(key, job.prompt_tokens - job.kept, now), now)
+
+    # ---- saves ----------------------------------------------------------------------------------
+
+    def save_due(self, save: LoggedSave, now: float) -> None:
+        self._due[save.id] = save
+        self.try_saves(now)
+
+    def try_saves(self, now: float) -> None:
+        """The policy lets one save go at a time, on a quiet server (its rule 16)."""
+        for save_id in list(self._due):
+            actions = self._policy.save_due(save_id, now)
+            if actions:
+                self._apply(actions, now)
+                return
+
+    def save(self, save_id: str, now: float) -> None:
+        """The policy's Save: it runs on the main loop at the next boundary."""
+        save = self._due.pop(save_id, None)
+        if save is not None:
+            self._server.run_on_loop(LoopWork(save_id, save.ms), now)
+
+    def saved(self, done: LoopDone) -> None:
+        save = next((s for s in self._work.saves if s.id == done.work.key), None)
+        if save is not None:
+            self._witness.kv_call(save.id, save.slot, Kind.KV_SAVE, save.name,
+                                  start=done.t - save.ms / 1000.0, end=done.t, client=None,
+                                  tokens=save.tokens, restored=0)
+        self._apply(self._policy.save_done(done.work.key, done.work.ms, done.t), done.t)
