@@ -47,7 +47,6 @@ class PolicySeam:
 
     def __init__(self, config: PrefillConfig, n_batch: int, slots: int, *,
                  keep: bool = False) -> None:
-        self.mode = config.mode
         self.estimates = config.mode != "off" or keep
         """Arrivals come with their estimate (and a kept file), as the gate's do."""
         self._policy = PrefillPolicy(config, n_batch=n_batch) if self.estimates else None
