@@ -32,9 +32,12 @@ from proxy.bench.day import (
 )
 from proxy.bench.day_cli import _names, _scale, describe, run_day
 from proxy.bench.day_records import (
+    Alone,
     Call,
+    alone_body,
     client_record,
     client_records,
+    cold_calls,
     day_figures,
     slot_wait,
 )
@@ -340,6 +343,50 @@ def test_a_returning_user_who_finds_every_slot_taken_waits_until_the_first_comes
     (turn,) = day_figures(calls, slots=4)["returning"]
     assert turn["slot_wait_s"] == pytest.approx(2.01)
     assert day_figures(calls)["returning"][0]["slot_wait_s"] is None  # slots not known
+
+
+def test_a_cold_request_is_one_that_computed_a_long_prompt_on_its_own_path() -> None:
+    """Through slotwise, the pieces fed first count as computed for the request; a restored
+    history does not; a request cut before its first token has no size to time alone."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 300}
+
+    def sent(key: str, res: StreamResult) -> Call:
+        return Call(key, key, Act.CHAT, "chat", None, res, body=body)
+    fed = sent("fed", result(0.0, 0.1, [9.0, 9.1], 200))  # 200 after 1,400 fed in pieces
+    whole = sent("whole", result(0.0, 0.1, [5.0, 5.1], 1600))
+    small = sent("small", result(0.0, 0.1, [1.0, 1.1], 1400))  # 1,400 restored: none computed
+    cut = Call("cut", "cut", Act.CHAT, "chat", None, StreamResult(sent=0.0, ended=9.0), True,
+               body=body)
+    records = [{"id": "fed", "fed_tokens": 1400}, {"id": "small", "restored_tokens": 1400}]
+    assert cold_calls([fed, whole, small, cut], records, 1500) == [fed, whole]
+
+
+def test_a_cold_requests_first_token_is_put_against_its_own_time_alone() -> None:
+    """ttft 9 s for 1,600 new tokens, whose prompt of 3,200 computed alone took 4 s: 2 s of
+    its own, so it spent 7 s behind others or stretched beside them: 4.5× its time alone."""
+    body = {"messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    late = Call("late", "bob", Act.CHAT, "chat", None, result(0.0, 0.1, [9.0, 9.1], 1600),
+                body=body)
+    (turn,) = day_figures([late], alone={"late": Alone(prompt_n=3200, prompt_ms=4000.0)})["cold"]
+    assert turn["alone_s"] == pytest.approx(2.0) and turn["times_alone"] == pytest.approx(4.5)
+    assert turn["who"] == "bob" and turn["new_tokens"] == 1600
+    again = alone_body(late)
+    assert again["cache_prompt"] is False and again["stream"] is False
+    assert again["max_tokens"] == 1 and "stream_options" not in again
+    assert day_figures([late])["cold"] == []  # nothing timed alone: no such figure
+
+
+def test_the_days_table_shows_the_cold_requests_multiples_of_their_time_alone() -> None:
+    def figures(ratios: list[float]) -> dict[str, object]:
+        return {"returning": [], "after_summary": [], "longest_gap_s": {}, "failed": [],
+                "cut": [], "day_s": 100.0,
+                "cold": [{"who": "x", "times_alone": r} for r in ratios]}
+    runs = [{"direct": figures([1.2, 30.0, 2.0]), "slotwise": figures([2.5, 2.1])}]
+    lines = printed(day_grid(runs, "report")).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("cold requests"))
+    assert lines[at].split()[-2:] == ["3", "2"]
+    assert lines[at + 1].split()[-2:] == ["2.0×", "2.3×"]  # the medians
+    assert lines[at + 2].split()[-2:] == ["30.0×", "2.5×"]  # the worst
 
 
 # -- the tables ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 (`Call`); for the direct paths, timing records in slotwise's own format made from those calls, so
 that `slotwise report`'s tables (proxy/report) are built the same way on every path; and the day's
 own figures: each returning user's and each post-summary turn's time to first token (and how long it
-found every slot taken), and everyone's longest gap between tokens.
+found every slot taken), each cold request's first token against its own time alone, and everyone's
+longest gap between tokens.
 
 A direct request's record follows docs/record.md from the client's side: its prefill starts the
 server's `prompt_ms` before its first token (what its wait excludes, as in the field report), so
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,8 @@ class Call:
     result: StreamResult
     cut: bool = False
     """The day ended while it ran (its client closed it, as a user leaving would)."""
+    body: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    """What it sent (its prompt is computed again alone after the day: `alone_body`)."""
 
     @property
     def prefill_start(self) -> float | None:
@@ -136,10 +139,12 @@ def _ms(a: float, b: float) -> float:
 # -- the day's own figures -----------------------------------------------------------------------
 
 def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]] = (),
-                slots: int | None = None) -> dict[str, Any]:
+                slots: int | None = None, alone: Mapping[str, Alone] | None = None
+                ) -> dict[str, Any]:
     """The figures beside the report's tables: the returning users' and post-summary turns' time
     to first token (with what slotwise restored or warmed for them, from its records, and, given
-    the server's `slots`, how long each found them all taken), everyone's longest gap, how many
+    the server's `slots`, how long each found them all taken), each cold request's first token
+    against its own time alone (given what `alone` measured), everyone's longest gap, how many
     requests failed, and all streams' token events per second of the day (the server's output: a
     stream's own rate falls as more streams share a step)."""
     by_id = {str(r.get("id")): r for r in proxy_records}
@@ -151,6 +156,7 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
     return {
         "returning": [turn(c) for c in ordered if c.act is Act.RETURN],
         "after_summary": [turn(c) for c in ordered if c.act is Act.RESUME],
+        "cold": [cold_turn(c, by_id, alone[c.id]) for c in ordered if alone and c.id in alone],
         "longest_gap_s": longest_gaps(ordered),
         "requests": len(ordered),
         "failed": [c.id for c in ordered if not c.ok and not c.cut],
@@ -169,6 +175,57 @@ def _turn(call: Call, by_id: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "restored_tokens": record.get("restored_tokens"),
             "warmed_tokens": record.get("warmed_tokens"),
             "fed_tokens": record.get("fed_tokens"), "policy_note": record.get("policy_note")}
+
+
+def new_tokens(call: Call, record: Mapping[str, Any]) -> int | None:
+    """The prompt tokens computed for `call` on its path: what the server computed for the request
+    itself (`timings.prompt_n`) and, through slotwise, the pieces it fed first (a warm-up's and a
+    restore's tokens were ready before it came: not its own)."""
+    if call.computed is None:
+        return None
+    fed = record.get("fed_tokens")
+    return call.computed + (fed if isinstance(fed, int) else 0)
+
+
+def cold_calls(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]],
+               long_tokens: int) -> list[Call]:
+    """The calls that computed `long_tokens` or more new prompt tokens on their path and had a
+    first token (one cut before its first has no size to compute alone)."""
+    by_id = {str(r.get("id")): r for r in proxy_records}
+    return [c for c in calls if c.result.tokens and c.body is not None
+            and (new_tokens(c, by_id.get(c.id, {})) or 0) >= long_tokens]
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A prompt computed again whole with nothing else running (`alone_body`), as the server's
+    timings said."""
+
+    prompt_n: int
+    prompt_ms: float
+
+    def seconds(self, tokens: int) -> float:
+        """`tokens` of it at the whole prompt's mean rate: a little under their time alone, since a
+        token late in a long prompt costs more than one early (the ratio errs against the path)."""
+        return self.prompt_ms / 1000.0 * tokens / self.prompt_n if self.prompt_n else 0.0
+
+
+def alone_body(call: Call) -> dict[str, Any]:
+    """`call`'s request, computed whole again (`cache_prompt: false`), one token, not streamed."""
+    body = {k: v for k, v in (call.body or {}).items() if k not in ("stream", "stream_options")}
+    return {**body, "stream": False, "max_tokens": 1, "cache_prompt": False}
+
+
+def cold_turn(call: Call, by_id: Mapping[str, Mapping[str, Any]], alone: Alone) -> dict[str, Any]:
+    """A cold request's first token against its own new tokens' time alone: the issue's fairness
+    aim reads `ttft_s - alone_s`, the time it spent behind others (and stretched beside the
+    streams), against `alone_s`."""
+    new = new_tokens(call, by_id.get(call.id, {})) or 0
+    alone_s = alone.seconds(new)
+    ttft = call.result.ttft
+    return {"who": call.who, "id": call.id, "new_tokens": new, "ttft_s": ttft,
+            "alone_s": round(alone_s, 3),
+            "times_alone": round(ttft / alone_s, 2) if ttft is not None and alone_s > 0 else None}
 
 
 def slot_wait(call: Call, everyone: Sequence[Call], slots: int) -> float:

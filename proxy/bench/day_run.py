@@ -30,7 +30,14 @@ from proxy.bench.day import (
     slots_of,
     slotwise_tables,
 )
-from proxy.bench.day_records import Call, client_records, day_figures
+from proxy.bench.day_records import (
+    Alone,
+    Call,
+    alone_body,
+    client_records,
+    cold_calls,
+    day_figures,
+)
 from proxy.bench.day_tables import report_tables
 from proxy.bench.harness import StreamResult, timed_stream
 from proxy.bench.keep_run import session, wait_until
@@ -66,7 +73,7 @@ class DayClient:
         finally:
             result.ended = time.monotonic() if result.ended is None else result.ended
             call = Call(request_id, user.name, step.act, PURPOSE[step.act], payload.get("lora"),
-                        result, cut=cut)
+                        result, cut=cut, body=payload)
             self.calls.append(call)
         return call
 
@@ -137,6 +144,23 @@ async def evening(sw: SlotwiseProcess, plan: DayPlan) -> None:
             await wait_until(http, sw, "done", n, f"{user.name}'s conversation saved")
 
 
+async def time_alone(url: str, calls: Sequence[Call]) -> dict[str, Alone]:
+    """After the day, on the same server with nothing else running: each call's prompt computed
+    again whole, one at a time; what the server's timings said of each (a call it refused, or
+    answered without timings, is left out)."""
+    out: dict[str, Alone] = {}
+    async with session() as http:
+        for call in calls:
+            async with http.post(url + "/v1/chat/completions", json=alone_body(call)) as response:
+                if response.status != 200:
+                    continue
+                timings = (await response.json()).get("timings") or {}
+            n, ms = timings.get("prompt_n"), timings.get("prompt_ms")
+            if isinstance(n, int) and n > 0 and isinstance(ms, int | float):
+                out[call.id] = Alone(n, float(ms))
+    return out
+
+
 def run_path(model: ModelFiles, plan: DayPlan, setup: Sequence[str], path: str, work: Path,
              say: Callable[[str], None] = print) -> dict[str, Any]:
     """One path of one set-up, on fresh servers; its report tables and the day's figures."""
@@ -151,11 +175,11 @@ def run_path(model: ModelFiles, plan: DayPlan, setup: Sequence[str], path: str, 
             say(f"  yesterday: {', '.join(u.name for u in plan.users if u.yesterday_tokens)}'s "
                 "conversations computed through slotwise and saved …")
             _evening(model, plan, args, work, save)
-        say(f"  the day: llama-server {' '.join(args)} …")
-        calls, log, proxy, refused = _day(model, plan, args, path, work, save)
+        say(f"  the day: llama-server {' '.join(args)} (then its cold prompts, each alone) …")
+        calls, log, proxy, refused, alone = _day(model, plan, args, path, work, save)
     finally:
         shutil.rmtree(save, ignore_errors=True)  # GBs at full scale
-    figures = day_figures(calls, proxy, slots_of(args))
+    figures = day_figures(calls, proxy, slots_of(args), alone)
     figures["not_played"] = plan.requests() - len(calls)
     figures["warmups_refused"] = refused
     figures["elapsed_s"] = time.monotonic() - began
@@ -176,22 +200,27 @@ def _evening(model: ModelFiles, plan: DayPlan, args: list[str], work: Path, save
 
 
 def _day(model: ModelFiles, plan: DayPlan, args: list[str], path: str, work: Path, save: Path
-         ) -> tuple[list[Call], LoadedTimingLog, list[dict[str, Any]], int]:
+         ) -> tuple[list[Call], LoadedTimingLog, list[dict[str, Any]], int, dict[str, Alone]]:
     """The day on a fresh llama-server, direct or through slotwise; the calls, the timing records
-    the tables come from (slotwise's own, or the client's for a direct path), slotwise's records."""
+    the tables come from (slotwise's own, or the client's for a direct path), slotwise's records,
+    the warm-ups refused, and the cold requests' prompts timed alone after the day."""
     with _server(model, args, work / "llama-server.log") as server:
         asyncio.run(first_request(server.url))  # a fresh server's first request sets it up
         if path not in THROUGH_SLOTWISE:
             calls, offset, refused = asyncio.run(play_day(server.url, plan, warm=False))
-            return calls, _client_log(work, calls, offset), [], refused
-        everything = path == "slotwise"
-        tables = slotwise_tables(plan, str(save)) if everything else chunk_tables(plan)
-        with SlotwiseProcess(server.url, work / "slotwise", **tables) as sw:
-            if everything:
-                asyncio.run(_wait_keep(sw))
-            calls, offset, refused = asyncio.run(play_day(sw.url, plan, warm=everything))
-        _client_log(work, calls, offset)  # kept beside slotwise's, to compare
-        return calls, _load(sw.timing_path), sw.records(), refused
+            log, proxy = _client_log(work, calls, offset), []
+        else:
+            everything = path == "slotwise"
+            tables = slotwise_tables(plan, str(save)) if everything else chunk_tables(plan)
+            with SlotwiseProcess(server.url, work / "slotwise", **tables) as sw:
+                if everything:
+                    asyncio.run(_wait_keep(sw))
+                calls, offset, refused = asyncio.run(play_day(sw.url, plan, warm=everything))
+            _client_log(work, calls, offset)  # kept beside slotwise's, to compare
+            log, proxy = _load(sw.timing_path), sw.records()
+        cold = cold_calls(calls, proxy, plan.long_tokens)
+        alone = asyncio.run(time_alone(server.url, cold))  # slotwise stopped: nothing else runs
+        return calls, log, proxy, refused, alone
 
 
 async def _wait_keep(sw: SlotwiseProcess) -> None:

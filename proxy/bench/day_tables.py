@@ -61,7 +61,7 @@ def _seconds(value: float, unit: str) -> float:
 
 def _bare(value: float, unit: str) -> str:
     """A figure without its unit, for a range."""
-    return fmt(value, unit).removesuffix(f" {unit}").removesuffix("%")
+    return fmt(value, unit).removesuffix(f" {unit}").removesuffix("%").removesuffix("×")
 
 
 def _grid(title: str, paths: Sequence[str]) -> Table:
@@ -134,6 +134,10 @@ def day_grid(runs: Runs, where: str = "") -> Table:
             if kind == "returning":
                 grid.add_row("  every slot taken for", *_cells(runs, paths,
                                                              _turn(kind, who, "slot_wait_s"), "s"))
+    grid.add_row("cold requests (a long prefill)", *_cells(runs, paths, _cold_count, ""))
+    grid.add_row("  first token ÷ own time alone: median",
+                 *_cells(runs, paths, _times_alone(statistics.median), "×"))
+    grid.add_row("  the worst", *_cells(runs, paths, _times_alone(max), "×"))
     grid.add_row("longest gap between tokens", *("" for _ in paths))
     for who in first["longest_gap_s"]:
         grid.add_row(f"  {who}", *_cells(runs, paths, _gap(who), "s"))
@@ -154,6 +158,21 @@ def _turn(kind: str, who: str, key: str) -> Pick:
         turn = next((t for t in figures[kind] if t["who"] == who), None)
         value = None if turn is None else turn.get(key)
         return value if isinstance(value, int | float) else None
+    return pick
+
+
+def _cold_count(figures: Mapping[str, Any]) -> int | None:
+    cold = figures.get("cold")
+    return None if cold is None else len(cold)
+
+
+def _times_alone(of: Callable[[list[float]], float]) -> Pick:
+    """The cold requests' first token in multiples of their own time alone (`day_records.cold_turn`),
+    the median or the worst."""
+    def pick(figures: Mapping[str, Any]) -> float | None:
+        ratios = [t["times_alone"] for t in figures.get("cold") or ()
+                  if isinstance(t.get("times_alone"), int | float)]
+        return of(ratios) if ratios else None
     return pick
 
 

@@ -18,6 +18,8 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.0f}%"
     if unit == "tok":
         return f"{value:,.0f}"
+    if unit == "×":
+        return f"{value:,.1f}×"
     if unit in ("tok/s", "ev/s"):
         digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
         return f"{value:,.{digits}f} {unit}"
