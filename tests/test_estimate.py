@@ -93,7 +93,7 @@ class TestCacheModel:
         assert cache.estimate_cached([7, 8, 9, *seq(100, 7), *seq(900, 30)]) == 10
 
     def test_lru_bounded_by_slot_count(self) -> None:
-        cache = CacheModel(2, 8192)
+        cache = CacheModel(2, 8192, ram_tokens=0)  # the slots alone: no RAM cache behind them
         cache.record(seq(0, 256))
         cache.record(seq(1000, 256))
         cache.estimate_cached(seq(0, 256))  # an estimate is not a use
@@ -102,6 +102,85 @@ class TestCacheModel:
         assert cache.entries == 2
         assert cache.estimate_cached(seq(1000, 256)) == 0
         assert cache.estimate_cached(seq(0, 400)) == 320
+
+    def test_a_history_that_lost_its_slot_to_the_least_recently_used_is_found_in_ram(self) -> None:
+        """ann's 2,000 tokens left her slot when the translator's new prompt took it; the
+        server copied them to its RAM cache (--cache-ram, on by default), and her next turn,
+        sent whole, restores them there: it is not cold."""
+        cache = CacheModel(2, 8192)
+        ann = seq(0, 2000)
+        cache.record(ann)
+        cache.record(seq(10_000, 500))
+        cache.record(seq(20_000, 600))  # the least recently used slot: ann's
+        assert cache.cached_tokens == (500, 600) and cache.ram_tokens == (2000,)
+        assert cache.estimate_cached([*ann, *seq(5000, 50)]) == 2000
+
+    def test_a_piece_under_a_quarter_of_a_history_in_ram_does_not_restore_it(self) -> None:
+        """llama-server restores an entry only for a prompt keeping a quarter of it: a 64-token
+        first piece of ann's next turn would compute everything again."""
+        cache = CacheModel(1, 8192)
+        cache.record(seq(0, 2000))
+        cache.record(seq(10_000, 500))
+        assert cache.estimate_cached(seq(0, 499)) == 0
+        assert cache.estimate_cached(seq(0, 500)) == 499  # a quarter: found (one token computed)
+
+    def test_a_history_restored_from_ram_leaves_it(self) -> None:
+        cache = CacheModel(1, 8192)
+        cache.record(seq(0, 2000))
+        cache.record(seq(10_000, 500))
+        cache.record([*seq(0, 2000), *seq(5000, 50)], cache_n_reported=2000)
+        assert cache.ram_tokens == (500,)  # the translator's, copied out as ann's came back
+        assert cache.cached_tokens == (2050,)
+
+    def test_a_prompt_taking_a_slot_by_similarity_but_keeping_little_of_it_copies_it_to_ram(
+            self) -> None:
+        """A new conversation sharing the template's first 64 tokens takes ann's idle slot (over
+        10 % of its prompt is shared) and keeps under half of it: the server copies hers out
+        first."""
+        cache = CacheModel(4, 8192)
+        template = seq(0, 64)
+        ann = [*template, *seq(100, 1936)]
+        cache.record(ann)
+        cache.record([*template, *seq(50_000, 200)])
+        assert cache.entries == 1 and cache.ram_tokens == (2000,)
+        assert cache.estimate_cached([*ann, *seq(9000, 10)]) == 2000
+
+    def test_a_slot_kept_by_similarity_is_not_looked_past_to_ram(self) -> None:
+        """A prompt keeping half its slot's prompt or more stays in that slot: the server does
+        not look in RAM then, whatever it holds."""
+        cache = CacheModel(1, 8192)
+        cache.record(seq(0, 3000))
+        cache.record(seq(0, 1000) + seq(7000, 200))  # keeps 1,000 of 3,000: RAM gets the 3,000
+        cache.record(seq(0, 1000) + seq(7000, 200) + seq(8000, 100))
+        assert cache.ram_tokens == (3000,)
+        assert cache.estimate_cached(seq(0, 3000)) == 1000  # keeps 1,000 of the slot's 1,300
+        assert cache.estimate_cached(seq(0, 1000) + seq(7000, 200) + seq(6000, 5)) == 1200
+
+    def test_a_server_without_a_ram_cache_turns_it_off_at_the_first_miss(self) -> None:
+        """llama-server run with --cache-ram 0: the first prompt predicted from RAM finds
+        nothing; from then on nothing is predicted from RAM."""
+        cache = CacheModel(1, 8192)
+        cache.record(seq(0, 2000))
+        cache.record(seq(10_000, 500))
+        cache.record([*seq(0, 2000), *seq(5000, 50)], cache_n_reported=0)
+        assert cache.ram_off and cache.ram_tokens == ()
+        cache.record(seq(30_000, 500))  # the 2,050 leave the slot: not modelled in RAM now
+        assert cache.estimate_cached(seq(0, 2050)) == 0
+
+    def test_a_ram_cache_that_delivered_once_only_loses_its_evicted_entries(self) -> None:
+        cache = CacheModel(1, 8192)
+        for start in (0, 10_000, 20_000):  # 0.. and 10_000.. in RAM, 20_000.. in the slot
+            cache.record(seq(start, 1000))
+        cache.record([*seq(10_000, 1000), 7], cache_n_reported=1000)  # a hit: 20_000.. to RAM
+        cache.record([*seq(0, 1000), 7], cache_n_reported=0)  # evicted by the byte limit
+        assert not cache.ram_off and cache.estimate_cached(seq(20_000, 1000)) == 999
+
+    def test_the_ram_cache_keeps_its_room_evicting_the_oldest(self) -> None:
+        cache = CacheModel(1, 8192, ram_tokens=2500)
+        for start in (0, 10_000, 20_000, 30_000):
+            cache.record(seq(start, 1000))
+        assert cache.ram_tokens == (1000, 1000)  # 10_000.. and 20_000..; 0.. evicted
+        assert cache.estimate_cached(seq(0, 1000)) == 0
 
     def test_bounded_by_context(self) -> None:
         cache = CacheModel(4, 256)
@@ -140,10 +219,12 @@ class TestCacheModel:
         assert cache.estimate_cached(seq(0, 600)) == 512
 
     def test_clear(self) -> None:
-        cache = CacheModel(4, 8192)
+        cache = CacheModel(1, 8192)
         cache.record(seq(0, 512))
+        cache.record(seq(1000, 512))
         cache.clear()
-        assert cache.estimate_cached(seq(0, 512)) == 0
+        assert cache.estimate_cached(seq(0, 512)) == 0  # nor in RAM
+        assert cache.estimate_cached(seq(1000, 512)) == 0
 
     def test_bad_sizes(self) -> None:
         with pytest.raises(ValueError, match="n_slots"):

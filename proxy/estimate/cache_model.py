@@ -1,8 +1,10 @@
 """A model of what llama-server holds in its prompt cache, learned from the prompts slotwise sent.
 
 Each entry is one slot's prompt, with the chain of its block hashes (a block hash names the whole
-prefix up to it) to match long prompts fast; bounded by the slot count and context. Pure: no I/O;
-the server's `cache_n` corrects it.
+prefix up to it) to match long prompts fast; bounded by the slot count and context. Behind the slots,
+llama-server's RAM prompt cache (`--cache-ram`, on by default): a slot's prompt that another took
+over goes there, and a later prompt keeping at least a quarter of it finds it there whole. Pure: no
+I/O; the server's `cache_n` corrects it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ BLOCK_TOKENS = 64
 SLOT_SIMILARITY = 0.1
 """llama-server's `--slot-prompt-similarity` default: a prompt goes to the slot it shares the
 longest prefix with only if that prefix is more than this share of the prompt."""
+RAM_MIN_KEEP = 0.25
+"""llama-server restores a RAM cache entry only for a prompt that keeps at least this share of it
+(`server_prompt_cache::load`: "don't trash large prompts"). So a piece shorter than a quarter of a
+history in RAM never restores it: fed from there, the history is computed again."""
+RAM_SAVE_BELOW = 0.5
+"""A prompt that takes a slot by similarity but keeps less than this share of the slot's prompt
+has that prompt copied to the RAM cache first (`get_available_slot`); one that takes the least
+recently used slot always does."""
 
 
 def block_hashes(ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
@@ -74,7 +84,9 @@ class CacheModel:
     """
 
     def __init__(self, n_slots: int, n_ctx: int, *, block: int = BLOCK_TOKENS,
-                 max_total_tokens: int | None = None) -> None:
+                 max_total_tokens: int | None = None, ram_tokens: int | None = None) -> None:
+        """`ram_tokens`: the RAM cache's room in tokens (0: none); by default one slot's context,
+        the least llama-server's `--cache-ram` keeps whatever its byte limit."""
         if n_slots < 1 or n_ctx < 1 or block < 1:
             raise ValueError(f"need n_slots, n_ctx, block >= 1, got {n_slots}, {n_ctx}, {block}")
         self._n_slots = n_slots
@@ -82,6 +94,12 @@ class CacheModel:
         self._block = block
         self._max_total = max_total_tokens
         self._entries: list[_Entry] = []  # least recently used first
+        self._ram: list[_Entry] = []  # oldest first, as llama-server evicts them
+        self._ram_room = n_ctx if ram_tokens is None else max(0, ram_tokens)
+        self._ram_hits = 0
+        self.ram_off = False
+        """The server found nothing of a prompt the RAM cache was to hold, and never anything:
+        its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled."""
 
     @property
     def entries(self) -> int:
@@ -92,17 +110,31 @@ class CacheModel:
         """Tokens modelled per entry, least recently used first (for a status page)."""
         return tuple(len(e.ids) for e in self._entries)
 
+    @property
+    def ram_tokens(self) -> tuple[int, ...]:
+        """Tokens modelled per RAM cache entry, oldest first."""
+        return tuple(len(e.ids) for e in self._ram)
+
     def estimate_cached(self, ids: Sequence[int]) -> int:
         return self._cached(ids, block_hashes(ids, self._block))
 
     def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
         ids = list(ids[:self._n_ctx])
         chain = block_hashes(ids, self._block)
+        ram = self._ram_match(ids, chain)
+        if cache_n_reported is not None and ram is not None and cache_n_reported < ram[1]:
+            self._ram_missed(ram[0])
+            ram = None
+        elif ram is not None:
+            self._ram_hits += cache_n_reported is not None
+            del self._ram[ram[0]]  # restored into the slot: the server takes it out of RAM
         if cache_n_reported is not None and cache_n_reported < self._cached(ids, chain):
             self._cut_back(ids, chain, cache_n_reported)
         best = self._best_match(ids, chain)
         if best is not None:
-            del self._entries[best]
+            old = self._entries.pop(best)
+            if old.common(ids, chain, self._block) < RAM_SAVE_BELOW * len(old.ids):
+                self._save_ram(old)
         self._entries.append(_Entry(ids, chain))
         self._evict()
 
@@ -116,12 +148,55 @@ class CacheModel:
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""
         self._entries.clear()
+        self._ram.clear()
 
     def _shared(self, ids: Sequence[int], chain: list[int]) -> list[int]:
         return [e.common(ids, chain, self._block) for e in self._entries]
 
     def _cached(self, ids: Sequence[int], chain: list[int]) -> int:
-        return max(0, min(max(self._shared(ids, chain), default=0), len(ids) - 1))
+        ram = self._ram_match(ids, chain)
+        found = ram[1] if ram is not None else max(self._shared(ids, chain), default=0)
+        return max(0, min(found, len(ids) - 1))
+
+    def _ram_match(self, ids: Sequence[int], chain: list[int]) -> tuple[int, int] | None:
+        """The RAM entry the server would restore for `ids` (its index, the tokens it holds of
+        them), or None. It looks in RAM when the prompt takes the least recently used slot, or a
+        slot by similarity keeping less than RAM_SAVE_BELOW of that slot's prompt; it restores
+        the entry holding the most of the prompt, if that keeps at least RAM_MIN_KEEP of itself
+        and holds more than the slots."""
+        if not self._ram:
+            return None
+        shared = self._shared(ids, chain)
+        slot = self._similar(shared, len(ids))
+        if slot is not None and shared[slot] >= RAM_SAVE_BELOW * len(self._entries[slot].ids):
+            return None
+        best, most = None, max(shared, default=0)
+        for i, entry in enumerate(self._ram):
+            common = entry.common(ids, chain, self._block)
+            if common >= RAM_MIN_KEEP * len(entry.ids) and common > most:
+                best, most = (i, common), common
+        return best
+
+    def _save_ram(self, entry: _Entry) -> None:
+        """The server copies a slot's prompt to RAM before another takes the slot: skipped when an
+        entry holds it already, the entries it holds dropped, the oldest evicted for room."""
+        size = len(entry.ids)
+        if self.ram_off or not 0 < size <= self._ram_room or any(
+                e.common(entry.ids, entry.chain, self._block) == size for e in self._ram):
+            return
+        self._ram = [e for e in self._ram
+                     if entry.common(e.ids, e.chain, self._block) < len(e.ids)]
+        self._ram.append(entry)
+        while sum(len(e.ids) for e in self._ram) > self._ram_room:
+            self._ram.pop(0)
+
+    def _ram_missed(self, index: int) -> None:
+        """The server did not have what the RAM entry at `index` held: it and every older entry
+        were evicted (oldest first); if the RAM cache never delivered, it is off."""
+        del self._ram[:index + 1]
+        if not self._ram_hits:
+            self.ram_off = True
+            self._ram.clear()
 
     def _cut_back(self, ids: Sequence[int], chain: list[int], cache_n: int) -> None:
         keep = max(0, cache_n)
@@ -133,13 +208,20 @@ class CacheModel:
     def _best_match(self, ids: Sequence[int], chain: list[int]) -> int | None:
         """The entry the server would put this prompt in: the longest shared prefix, if it is more
         than SLOT_SIMILARITY of the prompt (else the server takes its least recently used slot)."""
-        shared = self._shared(ids, chain)
-        if not shared or max(shared) <= SLOT_SIMILARITY * len(ids):
+        return self._similar(self._shared(ids, chain), len(ids))
+
+    @staticmethod
+    def _similar(shared: Sequence[int], tokens: int) -> int | None:
+        if not shared or max(shared) <= SLOT_SIMILARITY * tokens:
             return None
         return shared.index(max(shared))
 
     def _evict(self) -> None:
-        while len(self._entries) > self._n_slots or self._over_total():
+        """A prompt beyond the slot count took the least recently used slot, whose prompt went to
+        RAM; one beyond a shared KV's room had an idle slot purged (nothing saved)."""
+        while len(self._entries) > self._n_slots:
+            self._save_ram(self._entries.pop(0))
+        while self._over_total():
             self._entries.pop(0)
 
     def _over_total(self) -> bool:

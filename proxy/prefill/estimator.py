@@ -97,7 +97,12 @@ class Estimator:
 
     def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
         """The server processed `ids` and reported `cache_n`: update the cache model."""
+        off = self.cache.ram_off
         self.cache.record(ids, cache_n)
+        if self.cache.ram_off and not off:
+            log.info("llama-server did not have a history its RAM prompt cache would have held: "
+                     "taken to run without one (--cache-ram 0); prompts that left their slot now "
+                     "count as computed again")
 
     async def read_props(self, mode: str) -> None:
         """Size the cache model from `/props` (slots, per-slot context), and log once what in the
