@@ -56,6 +56,17 @@ class TestCacheModel:
         assert cache.estimate_cached(seq(0, 1000)) == 0
         assert cache.estimate_cached(seq(1, 1000)) == 999  # the other slot's stays
 
+    def test_a_conversation_a_restore_displaced_is_in_ram_where_idle_slots_are_copied_there(
+            self) -> None:
+        """With llama-server's default --cache-idle-slots every idle slot is in its RAM cache too:
+        the restore that took the slot leaves that copy."""
+        cache = CacheModel(4, 8192, idle_in_ram=True)
+        cache.record(seq(0, 1000))
+        cache.forget(block_hashes(seq(0, 1000)))
+        assert cache.entries == 0 and cache.ram_tokens == (1000,)
+        assert cache.estimate_cached(seq(0, 1100)) == 1000
+        assert cache.found(seq(0, 1100)) == (0, 1000)  # none of it in a slot
+
     def test_longest_cached_prefix_to_the_token(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 1000))

@@ -84,9 +84,12 @@ class CacheModel:
     """
 
     def __init__(self, n_slots: int, n_ctx: int, *, block: int = BLOCK_TOKENS,
-                 max_total_tokens: int | None = None, ram_tokens: int | None = None) -> None:
+                 max_total_tokens: int | None = None, ram_tokens: int | None = None,
+                 idle_in_ram: bool = False) -> None:
         """`ram_tokens`: the RAM cache's room in tokens (0: none); by default one slot's context,
-        the least llama-server's `--cache-ram` keeps whatever its byte limit."""
+        the least llama-server's `--cache-ram` keeps whatever its byte limit. `idle_in_ram`: the
+        server copies every idle slot to its RAM cache at each task's launch (`--cache-idle-slots`,
+        on by default), so a conversation a restore displaced from its slot is still there."""
         if n_slots < 1 or n_ctx < 1 or block < 1:
             raise ValueError(f"need n_slots, n_ctx, block >= 1, got {n_slots}, {n_ctx}, {block}")
         self._n_slots = n_slots
@@ -97,6 +100,7 @@ class CacheModel:
         self._ram: list[_Entry] = []  # oldest first, as llama-server evicts them
         self._ram_room = n_ctx if ram_tokens is None else max(0, ram_tokens)
         self._ram_hits = 0
+        self._idle_in_ram = idle_in_ram
         self.ram_off = False
         """The server found nothing of a prompt the RAM cache was to hold, and never anything:
         its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled."""
@@ -117,6 +121,12 @@ class CacheModel:
 
     def estimate_cached(self, ids: Sequence[int]) -> int:
         return self._cached(ids, block_hashes(ids, self._block))
+
+    def found(self, ids: Sequence[int]) -> tuple[int, int]:
+        """The most of `ids` a slot holds, and what the RAM cache would give back (0: nothing)."""
+        chain = block_hashes(ids, self._block)
+        ram = self._ram_match(ids, chain)
+        return max(self._shared(ids, chain), default=0), 0 if ram is None else ram[1]
 
     def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
         ids = list(ids[:self._n_ctx])
@@ -139,11 +149,14 @@ class CacheModel:
         self._evict()
 
     def forget(self, chain: Sequence[int]) -> None:
-        """A conversation left the server (a restore took its slot): the entries holding most of
-        its block chain go."""
+        """A conversation left its slot (a restore took it): the entries holding most of its block
+        chain go; to RAM where the server copies idle slots there (else a restore keeps no copy)."""
         blocks = list(chain)
-        self._entries = [e for e in self._entries
-                         if 2 * common_blocks(e.chain, blocks) < max(1, len(blocks))]
+        leaving = [e for e in self._entries
+                   if 2 * common_blocks(e.chain, blocks) >= max(1, len(blocks))]
+        self._entries = [e for e in self._entries if e not in leaving]
+        for entry in leaving if self._idle_in_ram else ():
+            self._save_ram(entry)
 
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""

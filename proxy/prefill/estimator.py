@@ -71,6 +71,11 @@ class Estimator:
         """Raises EstimateError when the prompt cannot be known ahead (the caller fails open);
         PromptTooLong (`prompt_ids`) for a prompt longer than one slot."""
         ids = await self.prompt_ids(config, kind, body)
+        if log.isEnabledFor(logging.DEBUG):
+            slot, ram = self.cache.found(ids)
+            log.debug("estimate: %d prompt tokens, %d of them in a slot, %d in RAM (entries: "
+                      "slots %s, RAM %s)", len(ids), slot, ram, self.cache.cached_tokens,
+                      self.cache.ram_tokens)
         return ids, estimate(ids, self.cache)
 
     async def prompt_ids(self, config: PrefillConfig, kind: str, body: Mapping[str, Any]) -> list[int]:
@@ -119,7 +124,10 @@ class Estimator:
         self._props_read = True
         self.layout = read_layout(props, models)
         if self.layout.slots and self.layout.slot_ctx:
-            self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx)
+            # slots as large as the training context: llama-server's default flags, under which
+            # it copies idle slots to its RAM cache (--cache-idle-slots, off in docs/prefill.md's)
+            self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx,
+                                    idle_in_ram=self.layout.shared_kv is True)
         for advice in layout_advice(mode, self.layout):
             log.warning("%s", advice)
 
