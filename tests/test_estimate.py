@@ -53,19 +53,9 @@ class TestCacheModel:
         cache.record(seq(0, 1000))
         cache.record(seq(1, 1000))
         cache.forget(block_hashes(seq(0, 1000)))
-        assert cache.estimate_cached(seq(0, 1000)) == 0
+        assert cache.estimate_cached(seq(0, 1000)) == 0  # nor in RAM: a restore keeps no copy
         assert cache.estimate_cached(seq(1, 1000)) == 999  # the other slot's stays
-
-    def test_a_conversation_a_restore_displaced_is_in_ram_where_idle_slots_are_copied_there(
-            self) -> None:
-        """With llama-server's default --cache-idle-slots every idle slot is in its RAM cache too:
-        the restore that took the slot leaves that copy."""
-        cache = CacheModel(4, 8192, idle_in_ram=True)
-        cache.record(seq(0, 1000))
-        cache.forget(block_hashes(seq(0, 1000)))
-        assert cache.entries == 0 and cache.ram_tokens == (1000,)
-        assert cache.estimate_cached(seq(0, 1100)) == 1000
-        assert cache.found(seq(0, 1100)) == (0, 1000)  # none of it in a slot
+        assert cache.ram_tokens == ()
 
     def test_longest_cached_prefix_to_the_token(self) -> None:
         cache = CacheModel(4, 8192)
@@ -125,6 +115,7 @@ class TestCacheModel:
         cache.record(seq(20_000, 600))  # the least recently used slot: ann's
         assert cache.cached_tokens == (500, 600) and cache.ram_tokens == (2000,)
         assert cache.estimate_cached([*ann, *seq(5000, 50)]) == 2000
+        assert cache.found([*ann, *seq(5000, 50)]) == (0, 2000)  # none of it in a slot
 
     def test_a_piece_under_a_quarter_of_a_history_in_ram_does_not_restore_it(self) -> None:
         """llama-server restores an entry only for a prompt keeping a quarter of it: a 64-token

@@ -84,12 +84,9 @@ class CacheModel:
     """
 
     def __init__(self, n_slots: int, n_ctx: int, *, block: int = BLOCK_TOKENS,
-                 max_total_tokens: int | None = None, ram_tokens: int | None = None,
-                 idle_in_ram: bool = False) -> None:
+                 max_total_tokens: int | None = None, ram_tokens: int | None = None) -> None:
         """`ram_tokens`: the RAM cache's room in tokens (0: none); by default one slot's context,
-        the least llama-server's `--cache-ram` keeps whatever its byte limit. `idle_in_ram`: the
-        server copies every idle slot to its RAM cache at each task's launch (`--cache-idle-slots`,
-        on by default), so a conversation a restore displaced from its slot is still there."""
+        the least llama-server's `--cache-ram` keeps whatever its byte limit."""
         if n_slots < 1 or n_ctx < 1 or block < 1:
             raise ValueError(f"need n_slots, n_ctx, block >= 1, got {n_slots}, {n_ctx}, {block}")
         self._n_slots = n_slots
@@ -100,7 +97,6 @@ class CacheModel:
         self._ram: list[_Entry] = []  # oldest first, as llama-server evicts them
         self._ram_room = n_ctx if ram_tokens is None else max(0, ram_tokens)
         self._ram_hits = 0
-        self._idle_in_ram = idle_in_ram
         self.ram_off = False
         """The server found nothing of a prompt the RAM cache was to hold, and never anything:
         its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled."""
@@ -149,14 +145,12 @@ class CacheModel:
         self._evict()
 
     def forget(self, chain: Sequence[int]) -> None:
-        """A conversation left its slot (a restore took it): the entries holding most of its block
-        chain go; to RAM where the server copies idle slots there (else a restore keeps no copy)."""
+        """A conversation left the server (a restore took its slot, keeping no copy: `bench day`,
+        2026-12-02, a conversation displaced so was found neither in a slot nor in RAM by its
+        next turn): the entries holding most of its block chain go."""
         blocks = list(chain)
-        leaving = [e for e in self._entries
-                   if 2 * common_blocks(e.chain, blocks) >= max(1, len(blocks))]
-        self._entries = [e for e in self._entries if e not in leaving]
-        for entry in leaving if self._idle_in_ram else ():
-            self._save_ram(entry)
+        self._entries = [e for e in self._entries
+                         if 2 * common_blocks(e.chain, blocks) < max(1, len(blocks))]
 
     def clear(self) -> None:
         """Forget everything (the server restarted, or its caches were erased)."""

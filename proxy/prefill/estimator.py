@@ -124,10 +124,7 @@ class Estimator:
         self._props_read = True
         self.layout = read_layout(props, models)
         if self.layout.slots and self.layout.slot_ctx:
-            # slots as large as the training context: llama-server's default flags, under which
-            # it copies idle slots to its RAM cache (--cache-idle-slots, off in docs/prefill.md's)
-            self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx,
-                                    idle_in_ram=self.layout.shared_kv is True)
+            self.cache = CacheModel(self.layout.slots, self.layout.slot_ctx)
         for advice in layout_advice(mode, self.layout):
             log.warning("%s", advice)
 
