@@ -145,9 +145,9 @@ class CacheModel:
         self._evict()
 
     def forget(self, chain: Sequence[int]) -> None:
-        """A conversation left the server (a restore took its slot, keeping no copy: `bench day`,
-        2026-12-02, a conversation displaced so was found neither in a slot nor in RAM by its
-        next turn): the entries holding most of its block chain go."""
+        """A conversation left the server (a restore took its slot and kept no copy: in `bench
+        day`, 2026-12-02, the next turn of a conversation displaced so found it neither in a slot
+        nor in RAM): the entries holding most of its block chain go."""
         blocks = list(chain)
         self._entries = [e for e in self._entries
                          if 2 * common_blocks(e.chain, blocks) < max(1, len(blocks))]
