@@ -23,6 +23,7 @@ from typing import Any
 from proxy.bench.day import Act
 from proxy.bench.harness import StreamResult
 from proxy.record.schema import decode_inside
+from proxy.report.records import fed_tokens
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -177,14 +178,11 @@ def _turn(call: Call, by_id: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "fed_tokens": record.get("fed_tokens"), "policy_note": record.get("policy_note")}
 
 
-def new_tokens(call: Call, record: Mapping[str, Any]) -> int | None:
+def computed_for(call: Call, record: Mapping[str, Any]) -> int | None:
     """The prompt tokens computed for `call` on its path: what the server computed for the request
-    itself (`timings.prompt_n`) and, through slotwise, the pieces it fed first (a warm-up's and a
-    restore's tokens were ready before it came: not its own)."""
-    if call.computed is None:
-        return None
-    fed = record.get("fed_tokens")
-    return call.computed + (fed if isinstance(fed, int) else 0)
+    itself (`timings.prompt_n`) and, through slotwise, the pieces it fed first (its `record`'s; a
+    warm-up's and a restore's tokens were ready before it came: not its own)."""
+    return None if call.computed is None else call.computed + fed_tokens(record)
 
 
 def cold_calls(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]],
@@ -193,7 +191,7 @@ def cold_calls(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]]
     first token (one cut before its first has no size to compute alone)."""
     by_id = {str(r.get("id")): r for r in proxy_records}
     return [c for c in calls if c.result.tokens and c.body is not None
-            and (new_tokens(c, by_id.get(c.id, {})) or 0) >= long_tokens]
+            and (computed_for(c, by_id.get(c.id, {})) or 0) >= long_tokens]
 
 
 @dataclass(frozen=True)
@@ -220,7 +218,7 @@ def cold_turn(call: Call, by_id: Mapping[str, Mapping[str, Any]], alone: Alone) 
     """A cold request's first token against its own new tokens' time alone: the issue's fairness
     aim reads `ttft_s - alone_s`, the time it spent behind others (and stretched beside the
     streams), against `alone_s`."""
-    new = new_tokens(call, by_id.get(call.id, {})) or 0
+    new = computed_for(call, by_id.get(call.id, {})) or 0
     alone_s = alone.seconds(new)
     ttft = call.result.ttft
     return {"who": call.who, "id": call.id, "new_tokens": new, "ttft_s": ttft,
