@@ -215,6 +215,18 @@ class TestCacheModel:
         assert cache.estimate_cached(seq(0, 1024)) == 512  # only the third entry holds 0..511
         assert cache.entries == 1  # emptied entries are dropped
 
+    def test_a_new_conversation_finding_less_than_the_shared_template_cuts_nobody(self) -> None:
+        template = seq(0, 18)
+        cache = CacheModel(4, 8192)
+        users = [template + seq(1000 * (u + 1), 2000) for u in range(3)]
+        for ids in users:
+            cache.record(ids)
+        newcomer = template + seq(9000, 2000)
+        assert cache.estimate_cached(newcomer) == 18
+        cache.record(newcomer, cache_n_reported=7)  # the slot the server took held 7 of them
+        for ids in users:
+            assert cache.estimate_cached([*ids, 5]) == len(ids)
+
     def test_server_reports_more_is_kept(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 512), cache_n_reported=400)

@@ -206,9 +206,16 @@ class CacheModel:
             self._ram.clear()
 
     def _cut_back(self, ids: Sequence[int], chain: list[int], cache_n: int) -> None:
+        """The server found only `cache_n` of `ids`: the entries it would have chosen for them
+        (sharing more than SLOT_SIMILARITY of the prompt) and that claim more are cut back to it.
+        An entry sharing less was never a candidate: what the server found in the slot it took
+        says nothing of it (seen in `bench day`: a new conversation's warm-up, 7 tokens found,
+        cut every conversation sharing the chat template's first 18 tokens, and the next turns
+        of four users were judged cold and fed in pieces)."""
         keep = max(0, cache_n)
+        candidate = SLOT_SIMILARITY * len(ids)
         for entry, shared in zip(self._entries, self._shared(ids, chain), strict=True):
-            if shared > keep:
+            if shared > keep and shared > candidate:
                 entry.cut(keep, self._block)
         self._entries = [e for e in self._entries if e.ids]
 
