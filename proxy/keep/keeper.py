@@ -337,7 +337,7 @@ class Keeper:
         if not quiet:  # saves wait for quiet: the last request's end asks for a look
             return MAX_POLL_S
         due = [c.ended + self.store.knobs.save_after_idle_s for c in convs
-               if c.slot is not None and not self.store.saved(c)]
+               if c.slot is not None and self.store.worth_saving(c)]
         wait = min(due, default=self._wall() + MAX_POLL_S) - self._wall()
         return min(max(wait, PLACE_POLL_S), MAX_POLL_S)
 

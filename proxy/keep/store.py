@@ -4,8 +4,9 @@ clock seconds passed in, decisions are values (`values.py`) the `Keeper` applies
 
 Rules (tests/test_keep_store.py has one class per rule):
 1. Identity. A request that ended leaves a conversation: its prompt's block-hash chain and LoRA
-   settings, named by `file_name`. A prompt shorter than `min_tokens` is not kept; a newer request of
-   the same prompt replaces the older entry.
+   settings, named by `file_name`. A prompt shorter than `min_tokens` is placed like any other (so
+   a restore that pushes it out of its slot tells the cache model, rule 8) but never saved; a newer
+   request of the same prompt replaces the older entry.
 2. Placement. At each read of `/slots`, a conversation being placed goes to the idle slot that holds
    between its prompt and its prompt + generated tokens (the newest task among several); one placed
    earlier whose slot shows another task or token count left it (RAM). One not found within
@@ -95,7 +96,7 @@ class KeepStore:
 
     def on_request_ended(self, chain: Sequence[int], variant: str, prompt_tokens: int,
                          generated: int, now: float) -> None:
-        if prompt_tokens < self.knobs.min_tokens or not chain:
+        if not chain:
             return
         key = tuple(chain)
         name = file_name(key, variant)
@@ -156,7 +157,7 @@ class KeepStore:
         for c in self.conversations.values():
             if (c.slot is not None and now - c.ended >= self.knobs.save_after_idle_s
                     and _unchanged(c, slots.get(c.slot)) and c.slot not in self.restoring
-                    and not c.given_up and not self.saved(c)):
+                    and not c.given_up and self.worth_saving(c)):
                 due.append((c.ended, c.slot, c))
         if not due:
             return None
@@ -249,8 +250,8 @@ class KeepStore:
         """Rule 7: the unsaved conversation `restore` would push out of its slot, to save first
         (None: nothing worth it, or another save runs)."""
         conv = self.in_slot(restore.slot)
-        if (conv is None or self.saved(conv) or conv.given_up or self.saving is not None
-                or conv.slot_tokens < self.knobs.min_tokens):
+        if (conv is None or not self.worth_saving(conv) or conv.given_up
+                or self.saving is not None or conv.slot_tokens < self.knobs.min_tokens):
             return None
         self.saving = SaveSlot(slot=restore.slot, name=conv.name, tokens=conv.slot_tokens)
         return self.saving
@@ -351,6 +352,10 @@ class KeepStore:
         return any(f.variant == conv.variant and len(f.chain) >= len(conv.chain)
                    and common_blocks(f.chain, conv.chain) == len(conv.chain)
                    for f in self.files.values())
+
+    def worth_saving(self, conv: Conversation) -> bool:
+        """Rule 1: its prompt has `min_tokens` or more, and no file holds it yet."""
+        return conv.prompt_tokens >= self.knobs.min_tokens and not self.saved(conv)
 
     def _leave(self, conv: Conversation) -> None:
         conv.slot, conv.task, conv.slot_tokens = None, None, 0
