@@ -6,8 +6,11 @@ server, no event loop.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from proxy.config import PrefillConfig
 from proxy.prefill.events import Load
 from proxy.prefill.sizing import pause_s
 from proxy.warm.queue import KEEP_ENDED, MIN_TOKENS, WarmQueue
@@ -21,6 +24,7 @@ from proxy.warm.values import (
     WarmKnobs,
     WarmRefused,
     WarmUp,
+    warm_share,
 )
 
 KNOBS = WarmKnobs(max_pending=3, max_tokens=10_000, expire_s=100.0, max_per_client=2, prefill_share=0.5)
@@ -214,6 +218,17 @@ class TestRule6SharePauseAndSizes:
         assert q.on_tick(BUSY, Pieces(), KNOBS, 1.0 + pause - 0.01) == []
         assert q.next_wakeup(BUSY, KNOBS, 1.0) == pytest.approx(1.0 + pause)
         assert feed(q, load=BUSY, now=1.0 + pause).upto == 256
+
+    def test_a_warm_up_takes_at_least_a_behind_requests_share(self) -> None:
+        """Its user is typing the turn that needs it: with `chunk`'s default share (0.55) the
+        pause after a 200 ms piece is 50 ms, not 164 ms."""
+        knobs = replace(KNOBS, prefill_share=warm_share(PrefillConfig().prefill_share))
+        q = WarmQueue()
+        q.submit(warm("w", conv(3000)), knobs, 0.0)
+        piece = feed(q, load=BUSY).upto
+        q.on_piece_done("w", piece, 200.0, knobs, 1.0)
+        assert q.next_wakeup(BUSY, knobs, 1.0) == pytest.approx(1.05)
+        assert warm_share(0.9) == 0.9  # an operator's larger share stands
 
     def test_on_an_idle_server_pieces_go_back_to_back_and_larger(self) -> None:
         q = WarmQueue()

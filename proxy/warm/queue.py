@@ -56,7 +56,9 @@ class WarmQueue:
         (yielding to every prompt, as it once did, starved it on a busy day: bench day warmed 56
         of a post-summary prompt's 2,479 tokens in the user's 4-8 s of typing).
      6. While others generate, each piece is followed by a pause of piece_time × (1 - share) /
-        share, as `chunk` does; on an idle server pieces go back to back. The size is the Sizer's.
+        share, as `chunk` does, share = `knobs.prefill_share` (`warm_share`: at least a cold
+        request's behind its bound); on an idle server pieces go back to back. The size is the
+        Sizer's.
      7. A real request of the same conversation ends a pending or running warm-up (superseded) once
         its piece in flight is done, so that the request finds all of it in the slot; it is credited
         with the tokens warm-ups computed of its prompt, each warm-up once.

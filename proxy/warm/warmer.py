@@ -28,7 +28,16 @@ from proxy.state import ProxyState
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
 from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_record
-from proxy.warm.values import CancelWarmPiece, Ended, Feed, RestoreKept, WarmDecision, WarmKnobs, WarmUp
+from proxy.warm.values import (
+    CancelWarmPiece,
+    Ended,
+    Feed,
+    RestoreKept,
+    WarmDecision,
+    WarmKnobs,
+    WarmUp,
+    warm_share,
+)
 
 log = logging.getLogger("slotwise.warm")
 
@@ -87,7 +96,7 @@ class Warmer:
         warm, prefill = self._state.config.warm, self._state.config.prefill
         return WarmKnobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
                      expire_s=warm.expire_s, max_per_client=warm.max_per_client,
-                     prefill_share=prefill.prefill_share)
+                     prefill_share=warm_share(prefill.prefill_share))
 
     # ---- the HTTP side -----------------------------------------------------------------------------
 
