@@ -325,6 +325,20 @@ def test_the_days_figures_name_the_returning_and_post_summary_turns() -> None:
     assert figures["events_per_s"] == pytest.approx(events / (31.21 + 2.0))
 
 
+def test_the_longest_gap_names_the_prompts_computed_during_it() -> None:
+    stream = call("bob-1", Act.CHAT, result(0.0, 0.1, [0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 5.1], 200))
+    whole = StreamResult(sent=2.5, headers=2.6, tokens=[5.05, 5.2], ended=5.3, status=200,
+                         timings={"prompt_n": 264, "cache_n": 6000, "prompt_ms": 2000.0})
+    before = call("eve-0", Act.CHAT, result(0.5, 0.6, [1.0, 1.1], 50))  # prefill over by then
+    figures = day_figures([stream, call("dan-2", Act.CHAT, whole), before])
+    assert figures["longest_gap_s"]["everyone"] == pytest.approx(2.0)
+    assert figures["longest_gap_during"] == ["dan-2 (264 tokens)"]
+    assert day_figures([before])["longest_gap_during"] == []
+    runs = [{"slotwise": figures}, {"slotwise": day_figures([stream, before])}]
+    text = printed(day_grid(runs, "report"))
+    assert "slotwise: dan-2 (264 tokens); none of the day's" in " ".join(text.split())
+
+
 def test_a_failed_request_is_counted_and_has_no_gap() -> None:
     broken = call("x", Act.CHAT, StreamResult(sent=1.0, ended=2.0, status=0))
     figures = day_figures([broken])

@@ -3,7 +3,7 @@
 that `slotwise report`'s tables (proxy/report) are built the same way on every path; and the day's
 own figures: each returning user's and each post-summary turn's time to first token (and how long it
 found every slot taken), each cold request's first token against its own time alone, and everyone's
-longest gap between tokens.
+longest gap between tokens (and the prefills that ran during it).
 
 A direct request's record follows docs/record.md from the client's side: its prefill starts the
 server's `prompt_ms` before its first token (what its wait excludes, as in the field report), so
@@ -159,6 +159,7 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
         "after_summary": [turn(c) for c in ordered if c.act is Act.RESUME],
         "cold": [cold_turn(c, by_id, alone[c.id]) for c in ordered if alone and c.id in alone],
         "longest_gap_s": longest_gaps(ordered),
+        "longest_gap_during": longest_gap_during(ordered),
         "requests": len(ordered),
         "failed": [c.id for c in ordered if not c.ok and not c.cut],
         "cut": [c.id for c in ordered if c.cut],
@@ -239,6 +240,28 @@ def slot_wait(call: Call, everyone: Sequence[Call], slots: int) -> float:
 
 def _sum(a: object, b: object) -> int | None:
     return a + b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def longest_gap_during(calls: Sequence[Call]) -> list[str]:
+    """What the server computed during everyone's longest gap: the other requests whose prefill
+    overlapped it, each with the tokens it computed, so that a reader sees what froze the
+    streams (a short turn sent whole, a translation, a cold request's rest). Empty when none did:
+    slotwise's pieces fed ahead, its restores and warm-ups are not the day's requests."""
+    longest: tuple[Call, float, float] | None = None
+    for call in calls:
+        for a, b in itertools.pairwise(call.result.tokens):
+            if longest is None or b - a > longest[2] - longest[1]:
+                longest = (call, a, b)
+    if longest is None:
+        return []
+    stalled, start, end = longest
+    out = []
+    for other in calls:
+        span = other.prefill
+        if other is not stalled and span is not None and span[0] < end and span[1] > start:
+            out.append(other.id if other.computed is None
+                       else f"{other.id} ({other.computed:,} tokens)")
+    return out
 
 
 def longest_gaps(calls: Sequence[Call]) -> dict[str, float | None]:

@@ -117,7 +117,8 @@ def _row(table: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | Non
 def day_grid(runs: Runs, where: str = "") -> Table:
     """The day's own figures, a column per path: the returning users' and post-summary turns'
     time to first token (with what slotwise restored or warmed for them, and how long a returning
-    user found every slot taken), everyone's longest gap."""
+    user found every slot taken), everyone's longest gap (under the table, the prompts computed
+    during it)."""
     paths = _paths(runs)
     title = "returning users, turns after a summary, everyone's longest gap"
     grid = _grid(f"{where}: {title}" if where else title, paths)
@@ -148,6 +149,8 @@ def day_grid(runs: Runs, where: str = "") -> Table:
                      *_cells(runs, paths, _not_played, ""))
     grid.add_row("the day's length", *_cells(runs, paths, _length, "s"))
     grid.add_row("all streams together, over the day", *_cells(runs, paths, _events_rate, "ev/s"))
+    grid.caption = "prompts computed during everyone's longest gap:\n" + "\n".join(
+        f"{path}: {_during(runs, path)}" for path in paths)
     return grid
 
 
@@ -178,6 +181,12 @@ def _times_alone(of: Callable[[list[float]], float]) -> Pick:
 
 def _gap(who: str) -> Pick:
     return lambda figures: figures["longest_gap_s"].get(who)
+
+
+def _during(runs: Runs, path: str) -> str:
+    """The prefills that overlapped everyone's longest gap, each run's (`; ` between runs)."""
+    return "; ".join(", ".join(run[path].get("longest_gap_during") or ()) or "none of the day's"
+                     for run in runs if path in run)
 
 
 def _failed(figures: Mapping[str, Any]) -> int:
