@@ -38,7 +38,7 @@ class FakeEstimator:
 
     def __init__(self, slots: int | None = None, slot_ctx: int | None = None) -> None:
         self.calls = 0
-        self.learned: list[tuple[int, int | None, int]] = []
+        self.learned: list[tuple[int, int | None]] = []
         self.layout = ServerLayout(slots=slots, slot_ctx=slot_ctx)
 
     async def estimate(self, cfg: PrefillConfig, kind: str, body: Mapping[str, Any]
@@ -49,8 +49,8 @@ class FakeEstimator:
         ids = list(range(body["n"]))
         return ids, Estimate(len(ids), len(ids))
 
-    def learn(self, ids: list[int], cache_n: int | None, generated: int = 0) -> None:
-        self.learned.append((len(ids), cache_n, generated))
+    def learn(self, ids: list[int], cache_n: int | None) -> None:
+        self.learned.append((len(ids), cache_n))
 
 
 class FakeFeeder:
@@ -219,9 +219,8 @@ async def generating(rig: Rig, name: str = "s") -> Flight:
     return f
 
 
-def finish(rig: Rig, f: Flight, prompt_n: int = 50, cache_n: int = 0, generated: int = 0) -> None:
+def finish(rig: Rig, f: Flight, prompt_n: int = 50, cache_n: int = 0) -> None:
     f.computed_tokens, f.prompt_tokens = prompt_n, prompt_n + cache_n
-    f.timings = {"prompt_n": prompt_n, "cache_n": cache_n, "predicted_n": generated}
     rig.registry.finish(f, rig.clock.now)
 
 
@@ -284,13 +283,12 @@ async def test_defer_holds_until_the_others_finish() -> None:
     await settle()
     assert not task.done() and c.phase is Phase.HELD
     rig.clock.now = 2.0
-    finish(rig, s, prompt_n=50, cache_n=10, generated=300)
+    finish(rig, s, prompt_n=50, cache_n=10)
     await task
     admission = c.prefill
     assert (admission.plan, admission.held_ms) == ("held", 2000.0)
     assert admission.note == "held until others finished"
-    # the cache model heard the server's cache_n and the reply its slot now holds
-    assert (50, 10, 300) in rig.estimator.learned
+    assert (50, 10) in rig.estimator.learned  # the cache model heard the server's cache_n
 
 
 async def test_defer_releases_at_max_hold_on_tick() -> None:

@@ -55,10 +55,6 @@ class _Entry:
 
     ids: list[int]
     chain: list[int]
-    tail: int = 0
-    """Tokens the slot holds after `ids` that slotwise never saw: the reply the server generated
-    for them (all but its last token, which is sampled, never computed). A chat's next turn
-    starts with the prompt and that reply, so the server finds both."""
 
     def common(self, ids: Sequence[int], chain: list[int], block: int) -> int:
         """Tokens this entry shares with `ids` from the start: whole blocks by their hashes,
@@ -70,15 +66,10 @@ class _Entry:
             if mine != theirs:
                 break
             extra += 1
-        if start + extra == len(self.ids) and self.tail:
-            extra += max(0, min(self.tail, len(ids) - len(self.ids)))  # taken to be the reply
         return start + extra
 
     def cut(self, tokens: int, block: int) -> None:
-        if tokens >= len(self.ids):
-            self.tail = min(self.tail, tokens - len(self.ids))
-            return
-        self.ids, self.chain, self.tail = self.ids[:tokens], self.chain[:tokens // block], 0
+        self.ids, self.chain = self.ids[:tokens], self.chain[:tokens // block]
 
 
 class CacheModel:
@@ -133,10 +124,7 @@ class CacheModel:
         ram = self._ram_match(ids, chain)
         return max(self._shared(ids, chain), default=0), 0 if ram is None else ram[1]
 
-    def record(self, ids: Sequence[int], cache_n_reported: int | None = None,
-               generated: int = 0) -> None:
-        """The server computed `ids` (reporting `cache_n_reported` found) and then generated
-        `generated` tokens after them, which its slot keeps but for the last."""
+    def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
         ids = list(ids[:self._n_ctx])
         chain = block_hashes(ids, self._block)
         ram = self._ram_match(ids, chain)
@@ -153,8 +141,7 @@ class CacheModel:
             old = self._entries.pop(best)
             if old.common(ids, chain, self._block) < RAM_SAVE_BELOW * len(old.ids):
                 self._save_ram(old)
-        tail = max(0, min(generated - 1, self._n_ctx - len(ids)))
-        self._entries.append(_Entry(ids, chain, tail))
+        self._entries.append(_Entry(ids, chain))
         self._evict()
 
     def forget(self, chain: Sequence[int]) -> None:

@@ -198,9 +198,7 @@ class PrefillGate:
         prompt_n, total = flight.computed_tokens, flight.prompt_tokens
         ids = self._ids.pop(key, None)
         if ids and prompt_n is not None and total is not None:
-            generated = (flight.timings or {}).get("predicted_n")
-            self._estimator.learn(ids, total - prompt_n,
-                                  generated if isinstance(generated, int) else 0)
+            self._estimator.learn(ids, total - prompt_n)
         self._apply(self._policy.on_finished(key, now, prompt_n, _prompt_ms(flight),
                                              cache_n=max(0, (total or 0) - (prompt_n or 0))))
 
