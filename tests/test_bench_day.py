@@ -336,7 +336,8 @@ def test_the_longest_gap_names_the_prompts_computed_during_it() -> None:
     assert day_figures([before])["longest_gap_during"] == []
     runs = [{"slotwise": figures}, {"slotwise": day_figures([stream, before])}]
     text = printed(day_grid(runs, "report"))
-    assert "slotwise: dan-2 (264 tokens); none of the day's" in " ".join(text.split())
+    assert ("slotwise: dan-2 (264 tokens); no request's (slotwise's own work: a piece, a restore or"
+            in " ".join(text.split()))
 
 
 def test_a_failed_request_is_counted_and_has_no_gap() -> None:

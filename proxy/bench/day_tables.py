@@ -185,8 +185,12 @@ def _gap(who: str) -> Pick:
 
 def _during(runs: Runs, path: str) -> str:
     """The prefills that overlapped everyone's longest gap, each run's (`; ` between runs)."""
-    return "; ".join(", ".join(run[path].get("longest_gap_during") or ()) or "none of the day's"
+    nothing = _SLOTWISE_OWN if path == "slotwise" else "no request's"
+    return "; ".join(", ".join(run[path].get("longest_gap_during") or ()) or nothing
                      for run in runs if path in run)
+
+
+_SLOTWISE_OWN = "no request's (slotwise's own work: a piece, a restore or a warm-up)"
 
 
 def _failed(figures: Mapping[str, Any]) -> int:
