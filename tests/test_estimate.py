@@ -227,6 +227,21 @@ class TestCacheModel:
         for ids in users:
             assert cache.estimate_cached([*ids, 5]) == len(ids)
 
+    def test_a_first_piece_must_outgrow_the_chat_template_it_shares_with_a_slot(self) -> None:
+        """llama-server puts a prompt into the slot it shares more than a tenth of itself with: a
+        new conversation sharing the template's first 23 tokens with one in a slot goes to the
+        least recently used slot whole, but a first piece of it under 231 tokens would not."""
+        cache = CacheModel(4, 8192)
+        template = seq(0, 23)
+        cache.record([*template, *seq(1000, 1975)])
+        newcomer = [*template, *seq(5000, 1977)]
+        assert cache.first_piece_floor(newcomer) == 231
+        assert 23 / 231 < 0.1  # a piece this long shares under a tenth of itself
+        assert cache.first_piece_floor(seq(9000, 2000)) == 0  # nothing shared
+        assert cache.first_piece_floor([*template, *seq(5000, 100)]) == 0  # shared > a tenth:
+        # the whole prompt goes to that slot too, and so does every piece of it
+        assert cache.first_piece_floor([*template, *seq(5000, 207)]) == 230  # never past itself
+
     def test_server_reports_more_is_kept(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 512), cache_n_reported=400)

@@ -27,7 +27,7 @@ from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
-from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.sizing import FIRST_PIECE_MAX, next_upto, pause_s
 from proxy.prefill.strategy import Strategy, choose_piece
 from proxy.record.flight import Phase
 
@@ -1061,3 +1061,41 @@ class TestRule16Saves:
         p.on_save_due("save-a", 0.0)
         load = p.warm_load(0.1)
         assert load.busy and load.starting
+
+
+class TestRule17FirstPieceGoesWhereTheWholePromptWould:
+    def test_a_first_piece_reaches_its_floor_then_pieces_go_on_as_sized(self) -> None:
+        # 1000 tok/s * 256 ms: 256-token pieces; a floor of 231 (23 tokens of the chat template
+        # shared with another prompt's slot) is under them: nothing changes.
+        p = policy(tps=1000.0)
+        busy(p)
+        assert p.on_arrival("c", 5000, 5000, 0.0, first_upto=231)[1] == FeedPiece("c", 256)
+        # At 250 tok/s pieces are 64 tokens: the first one is raised to 231, rounded up to 256.
+        p = policy(tps=250.0)
+        busy(p)
+        assert p.on_arrival("c", 5000, 5000, 0.0, first_upto=231)[1] == FeedPiece("c", 256)
+        p.on_piece_done("c", 256, 1024.0, 1.0)
+        [piece] = p.on_tick(10.0)
+        assert piece == FeedPiece("c", 320)  # its own slot now shares 256 of every piece
+
+    def test_an_idle_server_s_first_piece_too(self) -> None:
+        p = policy(tps=100.0)
+        assert p.on_arrival("c", 5000, 5000, 0.0, first_upto=500)[-1] == FeedPiece("c", 512)
+
+    def test_a_floor_the_first_piece_would_stall_the_streams_for_is_not_kept(self) -> None:
+        """A floor over FIRST_PIECE_MAX or a quarter of the prompt (a long shared system prompt,
+        not the template's head): the first piece is sized as usual."""
+        for floor, prompt in ((FIRST_PIECE_MAX + 1, 20_000), (501, 2000)):
+            p = policy(tps=250.0)
+            busy(p)
+            assert p.on_arrival("c", prompt, prompt, 0.0, first_upto=floor)[1] == FeedPiece("c", 64)
+        p = policy(tps=250.0)
+        busy(p)
+        assert p.on_arrival("c", 2000, 2000, 0.0, first_upto=500)[1] == FeedPiece("c", 512)
+
+    def test_a_restored_request_has_no_floor(self) -> None:
+        """Restored, its file is in the slot it goes to: no template share decides that."""
+        p = policy(tps=250.0, slots=4, cold_tokens=500)
+        busy(p)
+        assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT, first_upto=5500))[-1] == "Restore"
+        assert p.on_restored("r", 1000, 0.5)[-1] == FeedPiece("r", 5056)  # not 5504

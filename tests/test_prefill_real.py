@@ -265,3 +265,48 @@ def test_failed_piece_fails_open(server: LlamaServer, start_proxy: StartProxy) -
     assert cold["outcome"] == "done" and cold["pieces"] == 0
     assert cold["policy_note"].startswith("piece failed, forwarded as it came"), cold
     assert cold["timings"]["prompt_n"] >= 0.95 * cold["est_new_tokens"]  # computed in one go
+
+
+def test_two_cold_prompts_sharing_a_system_prompt_keep_each_other_s_pieces(
+        llama_server_binary: Path, tiny_model: Any, tmp_path: Path,
+        start_proxy: StartProxy) -> None:
+    """Two new conversations of one chat app share its template and short system prompt (~40
+    tokens), then differ. Both are fed in pieces beside a stream, taking turns. llama-server
+    places each piece by its similarity to the slots: a 128-token first piece of the second
+    would share more than a tenth of itself with the first's slot and be put there (rule 17),
+    and with no RAM prompt cache to copy it to, the first's pieces would be lost. Every token a
+    piece computed is found again by the real request: nothing is computed twice."""
+    with LlamaServer(tiny_model.model, lora=None, binary=llama_server_binary,
+                     args=["-np", "3", "-c", "24576", "--cache-ram", "0"],
+                     log_path=tmp_path / "server.log") as server:
+        proxy = start_proxy(server.url, **prefill("chunk", max_stall_ms=30.0, prefill_share=0.5))
+        app_prompt = filler(random.Random(99), 6, WORDS)
+
+        def body(seed: int) -> dict[str, Any]:
+            text = filler(random.Random(seed), 900, WORDS)
+            return {"messages": [{"role": "system", "content": app_prompt},
+                                 {"role": "user", "content": f"{seed}: {text}"}],
+                    "max_tokens": 2, "stream": False}
+
+        stream = Stream(proxy.url)
+        replies: dict[int, int] = {}
+
+        def send(seed: int) -> None:
+            replies[seed] = call("POST", proxy.url + "/v1/chat/completions", body(seed)).status_code
+
+        try:
+            first = threading.Thread(target=send, args=(11,))
+            first.start()
+            time.sleep(0.3)  # its first pieces are in
+            send(12)
+            first.join(60)
+        finally:
+            stream.close()
+        proxy.stop()  # every record written
+    assert replies == {11: 200, 12: 200}
+    cold = [r for r in read_records(proxy) if not r["stream"]]
+    assert [r["prefill_plan"] for r in cold] == ["chunked", "chunked"], cold
+    for rec in cold:
+        timings = rec["timings"]
+        assert rec["pieces"] >= 2 and timings["cache_n"] >= rec["fed_tokens"], (
+            timings, rec["fed_tokens"], rec["policy_note"])

@@ -399,3 +399,25 @@ class TestRule10KeptFiles:
         assert decisions == [] and wait == ["w"]
         assert q.on_restored("w", 2900, 0.2) == [Ended("w")]
         assert q.warmups["w"].outcome is Outcome.SUPERSEDED
+
+
+class TestRule11FirstPieceGoesWhereThePrefixWould:
+    def test_the_first_piece_reaches_first_upto_then_pieces_are_the_sizer_s(self) -> None:
+        q = WarmQueue()
+        q.submit(WarmUp(id="w", client=None, ids=conv(3000), cached=0, submitted=0.0,
+                        first_upto=231), KNOBS, 0.0)
+        assert feed(q, BUSY).upto == 256  # 128 from the sizer, raised past the template's share
+        run_piece(q, "w", now=1.0)
+        assert feed(q, BUSY, now=5.0).upto == 384
+
+    def test_no_floor_after_a_restore_nor_past_a_quarter_of_the_prefix(self) -> None:
+        q = WarmQueue()
+        q.submit(WarmUp(id="w", client=None, ids=conv(3000), cached=0, submitted=0.0,
+                        restorable=2000, first_upto=2900), KNOBS, 0.0)
+        q.on_tick(IDLE, Pieces(), KNOBS, 0.0)
+        q.on_restored("w", 2000, 0.2)
+        assert feed(q, now=0.3).upto == 2496
+        q = WarmQueue()
+        q.submit(WarmUp(id="w", client=None, ids=conv(800), cached=0, submitted=0.0,
+                        first_upto=210), KNOBS, 0.0)
+        assert feed(q, BUSY).upto == 128  # 256 would be over a quarter of the prefix

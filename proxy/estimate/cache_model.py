@@ -124,6 +124,21 @@ class CacheModel:
         ram = self._ram_match(ids, chain)
         return max(self._shared(ids, chain), default=0), 0 if ram is None else ram[1]
 
+    def first_piece_floor(self, ids: Sequence[int]) -> int:
+        """The shortest prefix of `ids` a first piece may end at for llama-server to place it as
+        it would the whole prompt (0: any piece goes there). The server places a prompt by its own
+        similarity: a whole prompt sharing only the chat template's head with every slot goes to
+        the least recently used one, but a short first piece shares more than SLOT_SIMILARITY of
+        itself with them and is put into the slot it shares the most with, taking that slot from
+        whoever keeps it (bench day: a 128-token first piece sharing 23 tokens took the slot of
+        another cold prompt fed in pieces, `f_keep = 0.012`, which then computed part of its
+        prefix twice). A piece past this floor shares at most SLOT_SIMILARITY of itself."""
+        shared = self._shared(ids, block_hashes(ids, self._block))
+        if not shared or self._similar(shared, len(ids)) is not None:
+            return 0  # the whole prompt goes to the slot sharing the most: so does any piece
+        most = max(shared)
+        return min(len(ids), int(most / SLOT_SIMILARITY + 1e-9) + 1) if most else 0
+
     def record(self, ids: Sequence[int], cache_n_reported: int | None = None) -> None:
         ids = list(ids[:self._n_ctx])
         chain = block_hashes(ids, self._block)

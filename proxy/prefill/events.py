@@ -23,6 +23,9 @@ class Arrived:
     est_prompt_tokens: int
     """All prompt tokens (cached + new); the plan feeds prefixes of this many ids."""
     now: float
+    first_upto: int = 0
+    """A first piece ends at this prefix at least: a shorter one llama-server would place by its
+    similarity into another prompt's slot (`CacheModel.first_piece_floor`); 0: no such risk."""
 
 
 @dataclass(frozen=True)

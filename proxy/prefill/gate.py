@@ -135,9 +135,9 @@ class PrefillGate:
             facts.est_prompt_tokens, facts.est_new_tokens = est.prompt_tokens, est.new_tokens
         start = self._clock()
         try:
-            self._apply(self._policy.on_arrival(key, est.new_tokens if ids else 0,
-                                                est.prompt_tokens if ids else 0, start,
-                                                restorable))
+            self._apply(self._policy.on_arrival(
+                key, est.new_tokens if ids else 0, est.prompt_tokens if ids else 0, start,
+                restorable, first_upto=self._estimator.cache.first_piece_floor(ids)))
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)

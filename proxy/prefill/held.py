@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.events import Admit, Arrived, Forward
+from proxy.prefill.sizing import first_piece_end, next_upto
 from proxy.prefill.snapshot import ChunkProgress
 from proxy.prefill.strategy import PieceChoice, Strategy
 
@@ -44,6 +45,14 @@ class HeldRequest:
         keeps that slot for it (rule 12), so that a short turn sent meanwhile cannot take the
         last one and leave it waiting for somebody's whole reply."""
         return self.piece_upto is not None or self.pieces_done > 0
+
+    def piece_end(self, piece: int) -> int:
+        """Where its next piece of about `piece` tokens ends (rule 17: a first piece reaches
+        `first_upto`, within bounds)."""
+        upto = next_upto(self.done_upto, piece)
+        if self.has_slot:
+            return upto
+        return first_piece_end(upto, self.req.first_upto, self.req.est_prompt_tokens)
 
     def alone_ms(self, cost: BatchCost, n_batch: int) -> float:
         """Its new tokens' time with nobody else on the server, as the batch cost predicts it."""

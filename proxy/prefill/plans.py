@@ -15,7 +15,7 @@ from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
-from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.sizing import pause_s
 from proxy.prefill.strategy import PieceChoice, Strategy, catch_up_piece, choose_piece
 
 Release = tuple[HeldRequest, Admit | Forward]
@@ -129,8 +129,7 @@ class ColdPlans:
                 return held, held.release(choice.reason)
             if self._piece_waits(server, held, now):
                 return None
-            held.piece_upto = next_upto(held.done_upto, choice.piece_tokens)
-            return FeedPiece(held.req.req_id, held.piece_upto)
+            return self._feed(held, choice.piece_tokens)
         return None
 
     def turn(self, server: Server, now: float) -> list[HeldRequest]:
@@ -183,7 +182,11 @@ class ColdPlans:
         piece = idle_piece(server.cost.cost, server.cfg, server.n_batch, held, held.rest)
         if piece is None:
             return held, held.release("nobody generating")
-        held.piece_upto = next_upto(held.done_upto, piece)
+        return self._feed(held, piece)
+
+    @staticmethod
+    def _feed(held: HeldRequest, piece: int) -> FeedPiece:
+        held.piece_upto = held.piece_end(piece)
         return FeedPiece(held.req.req_id, held.piece_upto)
 
     # ---- queries -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from proxy.prefill.events import Load, Sizer
-from proxy.prefill.sizing import next_upto, pause_s
+from proxy.prefill.sizing import first_piece_end, next_upto, pause_s
 from proxy.record.outcome import Outcome
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
@@ -69,6 +69,10 @@ class WarmQueue:
         5's conditions, in place of its first piece and in flight like one; restored, its pieces go
         on after what the file held (done at once with fewer than MIN_TOKENS left); a restore that
         did not happen (no idle slot, a failure) leaves it to compute as usual.
+    11. Its first piece ends at `first_upto` at least (`sizing.first_piece_end`: rounded up to a
+        multiple of 64, when that is at most FIRST_PIECE_MAX and a quarter of the prefix), as a
+        cold request's does (the prefill policy's rule 17): shorter, llama-server would place it
+        by its similarity into the slot of another prompt it shares the chat template's head with.
     """
 
     warmups: dict[str, WarmUp] = field(default_factory=dict)
@@ -111,7 +115,10 @@ class WarmQueue:
         remaining = len(warm.ids) - warm.done_upto
         piece = max(1, sizer.piece(warm.done_upto, remaining, warm.largest_piece, load))
         end = len(warm.ids)
-        warm.piece_upto = end if warm.done_upto + piece >= end else next_upto(warm.done_upto, piece)
+        upto = end if warm.done_upto + piece >= end else next_upto(warm.done_upto, piece)
+        if warm.pieces == 0 and not warm.restored:  # rule 11
+            upto = first_piece_end(upto, warm.first_upto, end)
+        warm.piece_upto = upto
         if warm.started is None:
             warm.started = now
         return [*out, Feed(warm.id, warm.piece_upto)]

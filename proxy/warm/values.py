@@ -68,6 +68,8 @@ class WarmUp:
     """Tokens beyond `cached` a kept file holds (keep_kv): restored before any piece (rule 10)."""
     restored: int = 0
     """Tokens its restore put in a slot."""
+    first_upto: int = 0
+    """Its first piece ends at this prefix at least (`CacheModel.first_piece_floor`, rule 11)."""
 
     def __post_init__(self) -> None:
         if self.done_upto < 0:

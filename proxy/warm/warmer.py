@@ -108,7 +108,8 @@ class Warmer:
         restorable, cached = await self._restorable(flight, ids, cached)
         now = self._clock()
         warm = WarmUp(id=flight.id, client=flight.client, ids=array("l", ids), cached=cached,
-                      submitted=now, restorable=restorable)
+                      submitted=now, restorable=restorable,
+                      first_upto=self._estimator.cache.first_piece_floor(ids))
         decisions = self.queue.submit(warm, self.knobs(), now)
         self._flights[warm.id], self._lora[warm.id] = flight, lora if isinstance(lora, list) else None
         self._apply(decisions)
