@@ -52,6 +52,9 @@ class FakeEstimator:
     def learn(self, ids: list[int], cache_n: int | None) -> None:
         self.learned.append((len(ids), cache_n))
 
+    def first_piece_floor(self, ids: list[int]) -> int:
+        return 0  # its prompts share nothing with each other's slots
+
 
 class FakeFeeder:
     """Each piece waits for the test to finish it (`done`/`fail`), so in-flight states can be seen."""

@@ -100,6 +100,11 @@ class Estimator:
             await self.read_props(config.mode)
         return self.layout.slot_ctx
 
+    def first_piece_floor(self, ids: Sequence[int]) -> int:
+        """Where a first piece of `ids` must end for llama-server to place it as it would the
+        whole prompt (`CacheModel.first_piece_floor`)."""
+        return self.cache.first_piece_floor(ids)
+
     def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
         """The server processed `ids` and reported `cache_n`: update the cache model."""
         off = self.cache.ram_off

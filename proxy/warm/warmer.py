@@ -109,7 +109,7 @@ class Warmer:
         now = self._clock()
         warm = WarmUp(id=flight.id, client=flight.client, ids=array("l", ids), cached=cached,
                       submitted=now, restorable=restorable,
-                      first_upto=self._estimator.cache.first_piece_floor(ids))
+                      first_upto=self._estimator.first_piece_floor(ids))
         decisions = self.queue.submit(warm, self.knobs(), now)
         self._flights[warm.id], self._lora[warm.id] = flight, lora if isinstance(lora, list) else None
         self._apply(decisions)
