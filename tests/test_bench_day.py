@@ -149,7 +149,8 @@ def test_automatic_slots_count_as_four_for_the_context() -> None:
 def test_slotwise_has_everything_on() -> None:
     plan = plan_day()
     tables = slotwise_tables(plan, "/kv")
-    assert tables["prefill"] == {"mode": "chunk", "cold_tokens": plan.long_tokens}
+    assert tables["prefill"] == {"mode": "chunk", "cold_tokens": plan.long_tokens,
+                                 "background_purposes": ["translation"]}
     assert tables["lora"]["mode"] == "fixed"
     assert tables["warm"]["enabled"] is True
     assert tables["keep_kv"] == {"enabled": True, "dir": "/kv", "min_tokens": 1024}

@@ -32,6 +32,12 @@ def test_defaults_are_usable() -> None:
     ({"lora": {"adapters": [{"name": "a.gguf", "scale": "high"}]}},
      "lora.adapters[0].scale: expected a number, got 'high'"),
     ({"prefill": {"prefill_share": 1.5}}, "prefill.prefill_share: 1.5 is out of range"),
+    ({"prefill": {"background_purposes": "translation"}},
+     "prefill.background_purposes: expected an array of strings like [\"translation\"], got "
+     "'translation'"),
+    ({"prefill": {"background_purposes": ["translation", ""]}},
+     "prefill.background_purposes[1]: '' is not a purpose (valid: the X-Slotwise-Purpose value, "
+     "printable text of 1-127 characters"),
 ])
 def test_bad_values_are_refused_with_the_dotted_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as info:

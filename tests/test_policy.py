@@ -114,6 +114,20 @@ class TestRule1ColdOrNot:
             "cold: sent whole, its 1,200 new tokens would stall 1 generating for ~12.0 s "
             "(over 8 × max_stall_ms); ")
 
+    def test_a_background_job_goes_in_pieces_from_a_smaller_stall(self) -> None:
+        """bench day: a 600-token translation sent whole froze four streams 1.5-1.9 s. At 1,000
+        tokens/s it stalls the stream 0.6 s: over 2 × 256.5 ms, so a background job's goes in
+        pieces; a chat turn's (under 512 tokens, or 8 × max_stall_ms) goes whole."""
+        for tps, tokens, background, first in ((1000, 600, True, "Hold"), (1000, 600, False, "Admit"),
+                                                (1000, 500, True, "Admit"), (100, 128, True, "Hold"),
+                                                (100, 127, True, "Admit")):
+            p = policy(tps=tps, measured=True)
+            busy(p)
+            decided = p.on_arrival("t", tokens, tokens, 0.0, background=background)
+            assert kinds(decided)[0] == first, (tokens, background, decided)
+            if first == "Hold":
+                assert p.snapshot().chunking is not None  # fed in pieces
+
     def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
         idle = policy(tps=100.0, measured=True)
         assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]

@@ -310,3 +310,30 @@ def test_two_cold_prompts_sharing_a_system_prompt_keep_each_other_s_pieces(
         timings = rec["timings"]
         assert rec["pieces"] >= 2 and timings["cache_n"] >= rec["fed_tokens"], (
             timings, rec["fed_tokens"], rec["policy_note"])
+
+
+def test_a_background_job_is_fed_in_pieces_where_a_chat_turn_goes_whole(
+        server: LlamaServer, start_proxy: StartProxy) -> None:
+    """`background_purposes = ["translation"]`: beside a stream, a ~400-token translation that
+    would stall it over 2 × `max_stall_ms` is fed in pieces; a chat turn of the same size (under
+    `cold_tokens` and 512 new tokens) goes whole."""
+    proxy = start_proxy(server.url, **prefill("chunk", cold_tokens=100_000, max_stall_ms=10.0,
+                                              background_purposes=["translation"]))
+    # with nobody generating, a ~950-token prompt: the batch cost has measured the server
+    assert call("POST", proxy.url + "/v1/chat/completions", cold_body(31, 150)).status_code == 200
+    stream = Stream(proxy.url)
+    try:
+        chat = call("POST", proxy.url + "/v1/chat/completions", cold_body(32, 60))
+        job = call("POST", proxy.url + "/v1/chat/completions", cold_body(33, 60),
+                   headers={"X-Slotwise-Purpose": "translation"})
+    finally:
+        stream.close()
+    assert chat.status_code == job.status_code == 200
+    proxy.stop()  # every record written
+    records = [r for r in read_records(proxy) if not r["stream"]]
+    turn = [r for r in records if r["purpose"] is None][-1]
+    [translation] = [r for r in records if r["purpose"] == "translation"]
+    assert 256 <= turn["est_new_tokens"] < 512
+    assert turn["prefill_plan"] == "none" and turn["pieces"] == 0, turn["policy_note"]
+    assert translation["prefill_plan"] == "chunked" and translation["pieces"] >= 2, translation
+    assert "cold: a background job: sent whole, its" in translation["policy_note"]

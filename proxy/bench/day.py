@@ -245,12 +245,14 @@ def slots_of(args: Sequence[str]) -> int:
 
 def slotwise_tables(plan: DayPlan, save_dir: str, *, yesterday: bool = False
                     ) -> dict[str, dict[str, Any]]:
-    """slotwise with everything on: one LoRA profile, chunk, warm-ups, keep_kv (yesterday: saved
-    a second after each turn, so the evening's saves need not wait for the default two minutes)."""
+    """slotwise with everything on: one LoRA profile, chunk (the translations background jobs),
+    warm-ups, keep_kv (yesterday: saved a second after each turn, so the evening's saves need not
+    wait for the default two minutes)."""
     keep: dict[str, Any] = {"enabled": True, "dir": save_dir, "min_tokens": plan.keep_min_tokens()}
     if yesterday:
         keep["save_after_idle_s"] = 1.0
-    return {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens},
+    return {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens,
+                        "background_purposes": [PURPOSE[Act.TRANSLATE]]},
             "lora": {"mode": "fixed", "adapters": [dict(a) for a in FIXED_LORA]},
             "warm": {"enabled": True}, "keep_kv": keep}
 

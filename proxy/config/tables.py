@@ -19,6 +19,7 @@ from proxy.config.values import (
     PrefillConfig,
     UpstreamConfig,
 )
+from proxy.record.clientstrings import MAX_CHARS
 
 
 def upstream_table(data: Mapping[str, Any]) -> UpstreamConfig:
@@ -133,7 +134,28 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
         n_batch=number(data, "n_batch", "prefill.n_batch", d.n_batch, low=32, high=1 << 20,
                         integer=True),
         max_cold_factor=_cold_factor(data, d.max_cold_factor),
+        background_purposes=_purposes(data.get("background_purposes", [])),
     )
+
+
+MAX_PURPOSE = MAX_CHARS - 1
+"""The longest purpose a request's record keeps whole (a longer header value is cut)."""
+
+
+def _purposes(raw: Any) -> tuple[str, ...]:
+    """`prefill.background_purposes`: the header values as a request sends them (`X-Slotwise-
+    Purpose`, printable text of at most MAX_PURPOSE characters: the record keeps no more)."""
+    dotted = "prefill.background_purposes"
+    if not isinstance(raw, list):
+        raise ConfigError(f"{dotted}: expected an array of strings like [\"translation\"], "
+                          f"got {show(raw)}")
+    for i, entry in enumerate(raw):
+        if (not isinstance(entry, str) or not entry or len(entry) > MAX_PURPOSE
+                or not entry.isprintable()):
+            raise ConfigError(f"{dotted}[{i}]: {show(entry)} is not a purpose (valid: the "
+                              f"X-Slotwise-Purpose value, printable text of 1-{MAX_PURPOSE} "
+                              "characters, e.g. \"translation\")")
+    return tuple(raw)
 
 
 def _cold_factor(data: Mapping[str, Any], default: float) -> float:

@@ -1,6 +1,6 @@
 """When a request under `cold_tokens` is cold all the same (rule 1 of `PrefillPolicy`): while
-others generate, by how long sending it whole would stall the streams. Pure: numbers in, a reason
-out.
+others generate, by how long sending it whole would stall the streams (sooner for a background
+job's). Pure: numbers in, a reason out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ MIN_PIECED_TOKENS = 512
 """...but only from this many new tokens (llama-server's default micro-batch): cut smaller, a
 prompt is a short turn's, and its own first token would pay one pause or more per piece for a
 stall the streams already take from every short turn of the day."""
+BACKGROUND_STALLS = 2.0
+"""A background job (`prefill.background_purposes`) is cold from this × `max_stall_ms` (the
+streams' longest gap `chunk` promises)..."""
+MIN_BACKGROUND_TOKENS = 128
+"""...and this many new tokens (two pieces of the smallest size)."""
 
 
 def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
@@ -27,14 +32,16 @@ def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batc
     """Why `req`, under `cold_tokens`, is cold all the same, or None when it is not. `decoders`:
     the requests generating now; `cells`: what the requests in flight hold. The stall is judged
     only once the batch cost has measured this server: its prior is a guess."""
-    if (cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_PIECED_TOKENS
-            or not model.measured):
+    stalls, least = ((BACKGROUND_STALLS, MIN_BACKGROUND_TOKENS) if req.background
+                     else (WHOLE_STALLS, MIN_PIECED_TOKENS))
+    if cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < least or not model.measured:
         return None
     stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders, cells)
-    if stall_ms <= WHOLE_STALLS * cfg.max_stall_ms:
+    if stall_ms <= stalls * cfg.max_stall_ms:
         return None
-    return (f"cold: sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
-            f"generating for ~{stall_ms / 1000.0:.1f} s (over {WHOLE_STALLS:g} × max_stall_ms)")
+    job = "a background job: " if req.background else ""
+    return (f"cold: {job}sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
+            f"generating for ~{stall_ms / 1000.0:.1f} s (over {stalls:g} × max_stall_ms)")
 
 
 def whole_stall_ms(cost: BatchCost, req: Arrived, n_batch: int, decoders: int,

@@ -26,6 +26,8 @@ class Arrived:
     first_upto: int = 0
     """A first piece ends at this prefix at least: a shorter one llama-server would place by its
     similarity into another prompt's slot (`CacheModel.first_piece_floor`); 0: no such risk."""
+    background: bool = False
+    """A background job (`prefill.background_purposes`): cold by a smaller stall (rule 1)."""
 
 
 @dataclass(frozen=True)

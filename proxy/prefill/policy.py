@@ -51,8 +51,12 @@ class PrefillPolicy:
         others generate, also one of at least MIN_PIECED_TOKENS whose batch, sent whole, the
         measured batch cost predicts would stall them over WHOLE_STALLS × `max_stall_ms`
         (cold.py: a warmed post-summary rest under `cold_tokens` froze every stream 6-7 s in
-        `bench day`). Any other request is admitted at once and never waits behind a cold one
-        (but see rule 12's kept slots and rule 14's claimed slot).
+        `bench day`). A background job (its purpose one of `background_purposes`) is cold by
+        its stall already from BACKGROUND_STALLS × `max_stall_ms` and MIN_BACKGROUND_TOKENS new
+        tokens: nobody reads it as it comes, and sent whole beside the streams a 600-token
+        translation froze them 1.5-1.9 s in `bench day`. Any other request is admitted at once
+        and never waits behind a cold one (but see rule 12's kept slots and rule 14's claimed
+        slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
@@ -175,9 +179,10 @@ class PrefillPolicy:
 
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
                    now: float, restorable: Restorable | None = None, *,
-                   first_upto: int = 0) -> list[Decision]:
-        """`first_upto`: where a first piece ends at least (rule 17)."""
-        arrived = Arrived(req_id, est_new_tokens, est_prompt_tokens, now, first_upto)
+                   first_upto: int = 0, background: bool = False) -> list[Decision]:
+        """`first_upto`: where a first piece ends at least (rule 17); `background`: its purpose is
+        one of `background_purposes` (rule 1)."""
+        arrived = Arrived(req_id, est_new_tokens, est_prompt_tokens, now, first_upto, background)
         wait = (wait_s(self._cost.cost, arrived, restorable, self._n_batch)
                 if restorable is not None and restorable.tokens > 0 else 0.0)
         if restorable is not None and wait > 0:
@@ -192,7 +197,8 @@ class PrefillPolicy:
         if waiting is None:
             return []
         req = waiting.req
-        decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now), now)
+        decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now,
+                                       background=req.background), now)
         if any(isinstance(d, Admit) and d.req_id == req_id for d in decided):
             self._line.land(req_id, now)
         return [*decided, *self._advance(now)]

@@ -141,7 +141,7 @@ class Replay:
         facts = flight.prefill
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
         self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
-                                        self.keeping.restorable(job, cached)), now)
+                                        self.keeping.restorable(job, cached), flight.purpose), now)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
