@@ -128,6 +128,49 @@ class TestRule1ColdOrNot:
             if first == "Hold":
                 assert p.snapshot().chunking is not None  # fed in pieces
 
+    def test_a_background_job_keeps_the_streams_promise_whatever_it_costs_it(self) -> None:
+        """On a machine whose batches cost 500 ms before their first token (then 1 ms a token),
+        600 tokens beside a stream: a chat turn, cold by its stall, finds no piece size that
+        catches up and goes whole (1.1 s of stall); a background job goes in 64-token pieces to
+        its end (564 ms each), each followed by `prefill_share`'s pause."""
+        chat_pieces, chat = self.fed_beside_a_stream(background=False)
+        assert chat_pieces == [] and "no piece size catches up" in chat.reason
+        pieces, release = self.fed_beside_a_stream(background=True)
+        assert release.reason.startswith(
+            "cold: a background job: sent whole, its 600 new tokens would stall 1 generating "
+            "for ~1.1 s (over 2 × max_stall_ms); rest fits one piece after 9 pieces")
+        assert set(pieces) == {64} and sum(pieces) == 576
+
+    @staticmethod
+    def fed_beside_a_stream(*, background: bool) -> tuple[list[int], Admit | Forward]:
+        """A 600-token request fed beside a stream until it is sent: its pieces, and the release
+        (each pause checked for a background job: `prefill_share` 0.5)."""
+        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=100.0, prefill_share=0.5)
+        cost = BatchCostModel(BatchCost(fixed_ms=500.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
+                                        per_decoder_ms=0.0))
+        cost.observe_piece(64, 0, 564.0)
+        p = PrefillPolicy(cfg, cost=cost)
+        busy(p)
+        decided = p.on_arrival("t", 600, 600, 0.0, background=background)
+        done, now, pieces = 0, 0.0, list[int]()
+        while now < 600.0:
+            sent = [d for d in decided if isinstance(d, FeedPiece | Forward | Admit)]
+            if sent and isinstance(sent[0], Forward | Admit):
+                return pieces, sent[0]
+            if sent:
+                assert isinstance(sent[0], FeedPiece)
+                piece = sent[0].upto_tokens - done
+                pieces.append(piece)
+                now += 0.5 + piece / 1000.0
+                decided = p.on_piece_done("t", piece, 500.0 + piece, now)
+                done = sent[0].upto_tokens
+                if background and not decided:
+                    assert p.next_wakeup() == pytest.approx(now + 0.5 + piece / 1000.0)
+            else:
+                now = p.next_wakeup() or now + 0.5
+                decided = p.on_tick(now)
+        raise AssertionError(f"not sent in 600 s: {pieces}")
+
     def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
         idle = policy(tps=100.0, measured=True)
         assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]

@@ -16,7 +16,13 @@ from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import pause_s
-from proxy.prefill.strategy import PieceChoice, Strategy, catch_up_piece, choose_piece
+from proxy.prefill.strategy import (
+    PieceChoice,
+    Strategy,
+    background_piece,
+    catch_up_piece,
+    choose_piece,
+)
 
 Release = tuple[HeldRequest, Admit | Forward]
 """A plan that ends: its request goes upstream with this decision (the policy sends it)."""
@@ -89,8 +95,9 @@ class ColdPlans:
         held.pieces_done += 1
         held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        share = pieces_share(server.cost.cost, server.cfg, server.n_batch, held,
-                             server.use.decoders(), now, server.use.cells())
+        share = server.cfg.prefill_share if held.req.background else pieces_share(
+            server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
+            server.use.cells())
         held.behind = share >= 1.0
         if held.choice is not None and held.choice.strategy is Strategy.CATCH_UP:
             share = BEHIND_SHARE
@@ -156,6 +163,8 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
+        if held.req.background:
+            return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "
                                      "alone)")

@@ -54,9 +54,11 @@ class PrefillPolicy:
         `bench day`). A background job (its purpose one of `background_purposes`) is cold by
         its stall already from BACKGROUND_STALLS × `max_stall_ms` and MIN_BACKGROUND_TOKENS new
         tokens: nobody reads it as it comes, and sent whole beside the streams a 600-token
-        translation froze them 1.5-1.9 s in `bench day`. Any other request is admitted at once
-        and never waits behind a cold one (but see rule 12's kept slots and rule 14's claimed
-        slot).
+        translation froze them 1.5-1.9 s in `bench day`. While others generate it goes in pieces
+        that keep their promise whatever they cost it (the strategy's `background_piece`, pauses
+        at `prefill_share`): never held, caught up or bound by `max_cold_factor`. Any other
+        request is admitted at once and never waits behind a cold one (but see rule 12's kept
+        slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request

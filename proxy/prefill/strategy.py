@@ -194,6 +194,25 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
                        "whole: forwarded whole")
 
 
+def background_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoice:
+    """A background job's way on (the policy's rule 1): pieces that keep the streams' promise,
+    whatever they cost the job: rule 4's fitting piece, stretched as rule 4 stretches it; WHOLE
+    only when the rest fits one. Never larger pieces, a hold or catch-up pieces, which bound the
+    cold request's own time: nobody reads a background job as it comes (bench day: translations
+    cold by their stall went whole through rule 8, no size catching up, and froze four streams
+    1.2-1.8 s)."""
+    _check(sit, knobs)
+    fit = fitting_piece(cost, sit, knobs)
+    off = off_outlook(cost, sit, knobs)
+    if sit.remaining_tokens <= fit:
+        return _whole(off, "rest fits one piece")
+    n, outlook = _stretch(cost, fit, pieces_outlook(cost, fit, sit, knobs), sit, knobs)
+    n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
+    return _choice(Strategy.PIECES, n, n_ms, outlook, off,
+                   f"a background job: {n}-token pieces of ~{_dur(n_ms)} (max_stall_ms "
+                   f"{knobs.max_stall_ms:g}){_keeps(outlook)}")
+
+
 def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
              knobs: ChunkKnobs) -> tuple[int, Outlook]:
     """Rule 4's size: the fitting piece if it reaches TARGET_TRADE; else the smallest larger one
