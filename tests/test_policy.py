@@ -141,6 +141,18 @@ class TestRule1ColdOrNot:
             "for ~1.1 s (over 2 × max_stall_ms); rest fits one piece after 9 pieces")
         assert set(pieces) == {64} and sum(pieces) == 576
 
+    def test_a_background_job_skips_its_pauses_while_somebody_waits_for_a_slot(self) -> None:
+        """Its pieces keep its slot (rule 12): while a turn is held for a slot, they go back to
+        back (each still within the streams' promise), so that the slot comes free sooner."""
+        p = policy(tps=100.0, measured=True, slots=2)
+        busy(p)
+        assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 64)
+        assert p.on_piece_done("t", 64, 640.0, 0.64) == []  # its pause: 0.64 s
+        assert p.next_wakeup() == pytest.approx(1.28)
+        assert p.on_tick(1.28) == [FeedPiece("t", 128)]
+        assert p.on_arrival("x", 100, 100, 1.5) == [Hold("x", "waiting for a free slot (2 of 2 in use)")]
+        assert p.on_piece_done("t", 64, 640.0, 1.92) == [FeedPiece("t", 192)]  # no pause
+
     @staticmethod
     def fed_beside_a_stream(*, background: bool) -> tuple[list[int], Admit | Forward]:
         """A 600-token request fed beside a stream until it is sent: its pieces, and the release

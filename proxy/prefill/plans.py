@@ -40,6 +40,14 @@ class Server:
     """A warm-up's piece or a save is in flight: the one piece in flight is not a plan's."""
     free_slots: int | None = None
     """Slots nobody uses or keeps (rule 12); None: the server's slot count is unknown."""
+    slot_wanted: bool = False
+    """Somebody is held for a slot (rules 12 and 14): a background job's pieces skip their pauses,
+    so that its slot comes free sooner."""
+
+    def pause_end(self, held: HeldRequest, next_piece_at: float) -> float:
+        """When the pause after the last piece ends for `held` (rule 1: none for a background job
+        while somebody waits for a slot)."""
+        return 0.0 if held.req.background and self.slot_wanted else next_piece_at
 
     def takes(self, held: HeldRequest) -> bool:
         """Whether a plan may use the server now: it keeps a slot, or one is free."""
@@ -183,7 +191,7 @@ class ColdPlans:
     def _piece_waits(self, server: Server, held: HeldRequest, now: float) -> bool:
         """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
         use = server.use
-        return now < self.next_piece_at or (not held.behind and (
+        return now < server.pause_end(held, self.next_piece_at) or (not held.behind and (
             use.prefilling() or now < use.sent_grace_end()))
 
     def _idle(self, server: Server, held: HeldRequest) -> Release | FeedPiece:
@@ -218,7 +226,7 @@ class ColdPlans:
         elif server.use.prefilling():
             pieces = None
         else:
-            pieces = max(self.next_piece_at, server.use.sent_grace_end())
+            pieces = max(server.pause_end(active, self.next_piece_at), server.use.sent_grace_end())
         return min([*holds, *([pieces] if pieces is not None else [])], default=None)
 
     def active(self) -> HeldRequest | None:

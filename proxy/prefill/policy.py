@@ -56,7 +56,8 @@ class PrefillPolicy:
         tokens: nobody reads it as it comes, and sent whole beside the streams a 600-token
         translation froze them 1.5-1.9 s in `bench day`. While others generate it goes in pieces
         that keep their promise whatever they cost it (the strategy's `background_piece`, pauses
-        at `prefill_share`): never held, caught up or bound by `max_cold_factor`. Any other
+        at `prefill_share`, none while somebody is held for a slot, so that its slot comes free
+        sooner): never held, caught up or bound by `max_cold_factor`. Any other
         request is admitted at once and never waits behind a cold one (but see rule 12's kept
         slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
@@ -452,7 +453,8 @@ class PrefillPolicy:
         return Server(self._cfg, self._n_batch, self._cost, self._use,
                       other_piece=bool(self._warm_pieces or self._saving),
                       free_slots=(None if self._line.slots is None
-                                  else self._line.free(self._taken())))
+                                  else self._line.free(self._taken())),
+                      slot_wanted=bool(self._line))
 
     # ---- state -------------------------------------------------------------------------------
 
