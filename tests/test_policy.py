@@ -141,17 +141,24 @@ class TestRule1ColdOrNot:
             "for ~1.1 s (over 2 × max_stall_ms); rest fits one piece after 9 pieces")
         assert set(pieces) == {64} and sum(pieces) == 576
 
-    def test_a_background_job_skips_its_pauses_while_somebody_waits_for_a_slot(self) -> None:
-        """Its pieces keep its slot (rule 12): while a turn is held for a slot, they go back to
-        back (each still within the streams' promise), so that the slot comes free sooner."""
-        p = policy(tps=100.0, measured=True, slots=2)
+    def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
+        """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
+        whole; and one arriving when it would take the last free slot is judged as a chat turn
+        (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: sent whole)."""
+        p = policy(tps=1000.0, measured=True, slots=3)
         busy(p)
-        assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 64)
-        assert p.on_piece_done("t", 64, 640.0, 0.64) == []  # its pause: 0.64 s
-        assert p.next_wakeup() == pytest.approx(1.28)
-        assert p.on_tick(1.28) == [FeedPiece("t", 128)]
-        assert p.on_arrival("x", 100, 100, 1.5) == [Hold("x", "waiting for a free slot (2 of 2 in use)")]
-        assert p.on_piece_done("t", 64, 640.0, 1.92) == [FeedPiece("t", 192)]  # no pause
+        assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 256)
+        assert p.on_piece_done("t", 256, 256.0, 0.3) == []  # its pause
+        busy(p, "u", 0.4)  # the last slot
+        assert p.on_arrival("x", 100, 100, 0.5) == [Hold("x", "waiting for a free slot (3 of 3 in use)")]
+        [sent] = p.on_tick(1.0)
+        assert sent == Forward("t", "cold: a background job: sent whole, its 600 new tokens would "
+                                    "stall 1 generating for ~0.6 s (over 2 × max_stall_ms); somebody "
+                                    "waits for a slot: its rest sent whole after 1 pieces (256 "
+                                    "tokens fed)")
+        p = policy(tps=1000.0, measured=True, slots=2)
+        busy(p)
+        assert p.on_arrival("t", 600, 600, 0.0, background=True) == [Admit("t", "not cold")]
 
     @staticmethod
     def fed_beside_a_stream(*, background: bool) -> tuple[list[int], Admit | Forward]:

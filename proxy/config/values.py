@@ -122,9 +122,9 @@ class PrefillConfig:
     predicts it); the pauses between pieces shrink when it falls behind. 0: no such bound."""
     background_purposes: tuple[str, ...] = ()
     """chunk: `X-Slotwise-Purpose` values of background jobs (e.g. "translation"): while others
-    generate, one is fed in pieces whenever sent whole it would stall them over 2 × `max_stall_ms`;
-    its own client waits longer so that nobody's reply freezes. A chat turn: over 8 ×, from 512 new
-    tokens."""
+    generate, one is fed in pieces whenever sent whole it would stall them over 2 × `max_stall_ms`,
+    while slots are to spare; its own client waits longer so that nobody's reply freezes. A chat
+    turn: over 8 ×, from 512 new tokens."""
 
 
 @dataclass(frozen=True)

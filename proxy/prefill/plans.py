@@ -41,13 +41,7 @@ class Server:
     free_slots: int | None = None
     """Slots nobody uses or keeps (rule 12); None: the server's slot count is unknown."""
     slot_wanted: bool = False
-    """Somebody is held for a slot (rules 12 and 14): a background job's pieces skip their pauses,
-    so that its slot comes free sooner."""
-
-    def pause_end(self, held: HeldRequest, next_piece_at: float) -> float:
-        """When the pause after the last piece ends for `held` (rule 1: none for a background job
-        while somebody waits for a slot)."""
-        return 0.0 if held.req.background and self.slot_wanted else next_piece_at
+    """Somebody is held for a slot (rules 12 and 14): a background job's rest goes whole (rule 1)."""
 
     def takes(self, held: HeldRequest) -> bool:
         """Whether a plan may use the server now: it keeps a slot, or one is free."""
@@ -133,6 +127,8 @@ class ColdPlans:
                     continue
                 held.hold_until = None
                 held.catch_up(f"its hold ended with {server.use.decoders()} generating")
+            if held.req.background and server.slot_wanted:
+                return held, held.release("somebody waits for a slot: its rest sent whole")
             choice = held.choice = self.choice(server, held)
             if choice.strategy is Strategy.HOLD:
                 if held.rest >= server.cfg.cold_tokens:
@@ -191,7 +187,7 @@ class ColdPlans:
     def _piece_waits(self, server: Server, held: HeldRequest, now: float) -> bool:
         """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
         use = server.use
-        return now < server.pause_end(held, self.next_piece_at) or (not held.behind and (
+        return now < self.next_piece_at or (not held.behind and (
             use.prefilling() or now < use.sent_grace_end()))
 
     def _idle(self, server: Server, held: HeldRequest) -> Release | FeedPiece:
@@ -226,7 +222,7 @@ class ColdPlans:
         elif server.use.prefilling():
             pieces = None
         else:
-            pieces = max(server.pause_end(active, self.next_piece_at), server.use.sent_grace_end())
+            pieces = max(self.next_piece_at, server.use.sent_grace_end())
         return min([*holds, *([pieces] if pieces is not None else [])], default=None)
 
     def active(self) -> HeldRequest | None:
