@@ -8,6 +8,8 @@ import pytest
 
 from proxy.cli import main
 from proxy.config import ConfigError, config_to_dict, load_config, parse_config
+from proxy.config.tables import MAX_PURPOSE
+from proxy.record.clientstrings import MAX_CHARS
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "slotwise.toml"
 
@@ -16,6 +18,13 @@ def test_defaults_are_usable() -> None:
     config = parse_config({})
     assert config.listen.host == "127.0.0.1"
     assert config.lora.mode == "passthrough" and config.prefill.mode == "off"
+
+
+def test_a_background_purpose_is_as_long_as_a_record_keeps_whole() -> None:
+    assert MAX_PURPOSE == MAX_CHARS - 1
+    assert parse_config({"prefill": {"background_purposes": ["t" * MAX_PURPOSE]}})
+    with pytest.raises(ConfigError, match=r"background_purposes\[0\]"):
+        parse_config({"prefill": {"background_purposes": ["t" * MAX_CHARS]}})
 
 
 @pytest.mark.parametrize(("data", "message"), [

@@ -19,7 +19,6 @@ from proxy.config.values import (
     PrefillConfig,
     UpstreamConfig,
 )
-from proxy.record.clientstrings import MAX_CHARS
 
 
 def upstream_table(data: Mapping[str, Any]) -> UpstreamConfig:
@@ -138,8 +137,9 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
     )
 
 
-MAX_PURPOSE = MAX_CHARS - 1
-"""The longest purpose a request's record keeps whole (a longer header value is cut)."""
+MAX_PURPOSE = 127
+"""The longest purpose a request's record keeps whole: `clientstrings.MAX_CHARS` - 1 (a longer
+header value is cut; proxy.config imports nothing of proxy.record, tests/test_config.py checks)."""
 
 
 def _purposes(raw: Any) -> tuple[str, ...]:
