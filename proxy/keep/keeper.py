@@ -188,6 +188,13 @@ class Keeper:
             found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
             if found is None:  # the server's cache holds it now, or the file went
                 return Restored(est, None, done=True)
+            # said at info: the policy counted a slot free for this restore (bench day, once in ten
+            # days: a request waited 60 s while six others went, and no log said why)
+            log.info("keep_kv: no idle slot to restore %s into for %s: /slots shows %s busy; "
+                     "slotwise is restoring into %s, saving %s", found[0].name, flight.id,
+                     sorted(s.id for s in slots if s.busy) or "none",
+                     sorted(self.store.restoring) or "none",
+                     self.store.saving.slot if self.store.saving else "none")
             return Restored(est, f"no idle slot to restore {found[0].name} into", done=False,
                             no_slot=True)
         if (damage := await self.files.check(restore)) is not None:
