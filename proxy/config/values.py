@@ -126,6 +126,10 @@ class PrefillConfig:
     while slots are to spare; its own client waits longer so that nobody's reply freezes. A chat
     turn: over 8 ×, from 512 new tokens."""
 
+    def is_background(self, purpose: str | None) -> bool:
+        """Whether a request with this `X-Slotwise-Purpose` is a background job."""
+        return purpose is not None and purpose in self.background_purposes
+
 
 @dataclass(frozen=True)
 class ClientKey:

@@ -138,7 +138,7 @@ class PrefillGate:
             self._apply(self._policy.on_arrival(
                 key, est.new_tokens if ids else 0, est.prompt_tokens if ids else 0, start,
                 restorable, first_upto=self._estimator.first_piece_floor(ids),
-                background=flight.purpose in cfg.background_purposes))
+                background=cfg.is_background(flight.purpose)))
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)

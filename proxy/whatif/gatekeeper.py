@@ -48,7 +48,7 @@ class PolicySeam:
     def __init__(self, config: PrefillConfig, n_batch: int, slots: int, *,
                  keep: bool = False) -> None:
         self.estimates = config.mode != "off" or keep
-        self._background = config.background_purposes
+        self._config = config
         """Arrivals come with their estimate (and a kept file), as the gate's do."""
         self._policy = PrefillPolicy(config, n_batch=n_batch) if self.estimates else None
         if self._policy is not None:  # as the gate does, from /props
@@ -62,7 +62,7 @@ class PolicySeam:
             return [Send(key, "prefill.mode off")]
         return self._actions(self._policy.on_arrival(
             key, est_new, est_prompt, now, restorable,
-            background=purpose in self._background))
+            background=self._config.is_background(purpose)))
 
     def restored(self, key: str, est_new: int, now: float) -> list[Action]:
         return [] if self._policy is None else self._actions(
