@@ -189,6 +189,31 @@ def test_a_warm_up_of_a_returning_conversation_restores_its_file(
     assert after["timings"]["prompt_n"] < 100 and after["timings"]["cache_n"] >= cold["prompt_tokens"] - 64
 
 
+def test_each_returning_conversation_in_turn_takes_the_one_slot_and_saves_the_other_first(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path,
+        restart: Callable[[LlamaServer], LlamaServer]) -> None:
+    """One slot, two conversations coming back in turn: each restore saves the conversation in
+    the slot first, and the next restore may use that slot again (it could not: a restore that
+    saved first left its slot claimed for good, and the next returning user waited
+    `max_wait_s` for a slot, then was computed; bench day, 60 s)."""
+    server = start_llama_server(lora=False, args=["-np", "1", "-c", "8192",
+                                                  "--slot-save-path", str(save_dir)])
+    proxy = start_proxy(server.url, prefill=PREFILL,
+                        keep_kv=keep(save_dir, save_after_idle_s=5.0, max_wait_s=5.0))
+    a, _ = returning(proxy, server, restart, seed=21)  # a is on disk only
+    b = history(22, 13)
+    ask(proxy, turn(b, "first"))
+    time.sleep(1.0)  # slotwise finds b in the slot, not saved yet
+    b += [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    for talk in (a, b):
+        back = ask(proxy, turn(talk, "second"))
+        assert back["restored_tokens"] > 1000, back["policy_note"]
+        assert back["timings"]["prompt_n"] < 100, back["timings"]
+    restores = [r for r in read_records(proxy) if r["kind"] == "kv_restore"]
+    assert [r["outcome"] for r in restores] == ["done", "done"]
+    assert restores[0]["policy_note"] is None  # b was saved first: nothing displaced
+
+
 def test_nothing_is_saved_while_a_request_is_in_flight(
         start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
     server = start_llama_server(lora=False, args=server_args(save_dir))

@@ -194,6 +194,15 @@ class TestRule3Restart:
         assert s.on_slots([slot(0, 12, 2)], 300.0, quiet=False) == [ForgetCache()]
         assert s.where(s.conversations[name]) is Where.FILE and name in s.files
 
+    def test_a_request_that_ended_since_ran_on_the_restarted_server(self) -> None:
+        """The first turn after a restart ends before slotwise's next read: it is placed."""
+        s = store()
+        old = ended(s, 1000)
+        s.on_slots([slot(0, 1005, 30)], 1.0, quiet=False)
+        new = ended(s, 800, seed=2, at=2.0)
+        assert s.on_slots([slot(0, 805, 0)], 3.0, quiet=False) == [ForgetCache()]
+        assert old not in s.conversations and s.conversations[new].slot == 0
+
     def test_tasks_that_only_grow_are_no_restart(self) -> None:
         s = store()
         s.on_slots([slot(0, 10, 3)], 1.0, quiet=False)
@@ -346,6 +355,23 @@ class TestRule7Restore:
         assert s.displaced_save(restore) is None  # one save at a time
         s.on_saved(save, 709, 500, 2.0, digest="d" * 64)
         assert name in s.files
+
+    def test_once_it_is_saved_the_restore_displaces_nothing_and_frees_its_slot_after(self) -> None:
+        """The restore goes on, displacing nothing now; restored, its slot is free for the next
+        restore (it was not: bench day, a returning user waited 60 s for a slot, none found)."""
+        s = with_files(saved_file(1024, seed=5), saved_file(1024, seed=6))
+        ended(s, 700, seed=2)
+        s.on_slots([slot(0, 709, 4)], 1.0, quiet=False)
+        restore = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 709, 4)])
+        assert restore is not None
+        save = s.displaced_save(restore)
+        assert save is not None
+        s.on_saved(save, 709, 500, 2.0, digest="d" * 64)
+        made = s.room_made(restore)
+        assert made.displaced == 0 and s.restoring == {0: made}
+        s.on_restored(made, 1030, 5, 3.0)
+        assert s.restoring == {} and s.displaced_tokens == 0
+        assert s.restore(chain(1100, seed=6), "", 1100, 0, [slot(0, 1030, 5)]) is not None
 
     def test_nothing_to_save_first_in_an_empty_slot_or_under_min_tokens(self) -> None:
         s = with_files(saved_file(1024, seed=5))

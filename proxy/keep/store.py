@@ -13,7 +13,8 @@ Rules (tests/test_keep_store.py has one class per rule):
    `PLACE_WITHIN_S` left its slot too.
 3. Restart. A slot whose task went back, or vanished, means llama-server restarted: no conversation
    is in a slot or its RAM cache any more (those without a file are forgotten), and the cache model
-   must forget (ForgetCache).
+   must forget (ForgetCache); those that ended since the last read ran on the restarted server,
+   and are placed as usual.
 4. Save. When nothing is in flight and no save runs, the conversation idle longest among those idle
    for `save_after_idle_s`, whose idle slot still shows its task and tokens and which no file holds
    whole yet, is saved: SaveSlot(its slot). A busy slot is never saved. One whose save failed, or
@@ -51,6 +52,7 @@ Rules (tests/test_keep_store.py has one class per rule):
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 
 from proxy.estimate.cache_model import BLOCK_TOKENS, common_blocks
 from proxy.keep.budget import over_budget
@@ -114,8 +116,9 @@ class KeepStore:
         if self._restarted(slots):
             decisions.append(ForgetCache())
             for conv in list(self.conversations.values()):
+                if conv.placing:  # it ended since the last read: it ran on the server as it is now
+                    continue
                 self._leave(conv)
-                conv.placing = False
                 if not self.saved(conv):
                     del self.conversations[conv.name]
         self._tasks = {s.id: s.task for s in slots}
@@ -256,6 +259,17 @@ class KeepStore:
         self.saving = SaveSlot(slot=restore.slot, name=conv.name, tokens=conv.slot_tokens)
         return self.saving
 
+    def room_made(self, restore: RestoreInto) -> RestoreInto:
+        """Rule 7: `restore` once the conversation in its slot was saved first (`displaced_save`):
+        it displaces nothing when a file holds that conversation now."""
+        conv = self.in_slot(restore.slot)
+        if conv is None or not self.saved(conv) or restore.displaced == 0:
+            return restore
+        made = replace(restore, displaced=0)
+        if self._is_running(restore):
+            self.restoring[restore.slot] = made
+        return made
+
     def in_slot(self, slot: int) -> Conversation | None:
         """The conversation known to be in `slot` now."""
         return next((c for c in self.conversations.values() if c.slot == slot), None)
@@ -302,8 +316,14 @@ class KeepStore:
 
     def release(self, restore: RestoreInto) -> None:
         """A restore that will not be asked for (or whose caller left): its slot is free again."""
-        if self.restoring.get(restore.slot) == restore:
+        if self._is_running(restore):
             del self.restoring[restore.slot]
+
+    def _is_running(self, restore: RestoreInto) -> bool:
+        """Whether `restore` holds its slot: a slot has one restore, of one file (not compared
+        whole: a slot left claimed by a restore that ended is passed by for good)."""
+        running = self.restoring.get(restore.slot)
+        return running is not None and running.name == restore.name
 
     def on_damaged(self, name: str, why: str) -> list[KeepDecision]:
         """The file's bytes are not the ones saved (`why`): it goes, and no restore of it runs."""
