@@ -127,6 +127,20 @@ class TestRule1SlotChoice:
         table.assign(6.0)
         assert table.slots[0].task is nxt
 
+    def test_a_replayed_task_takes_the_slot_the_recording_gave_it_when_idle(self) -> None:
+        server = model()
+        run(server, [(0.0, task("a", seq(1, 100)))])
+        lru = min(server.slots, key=lambda s: s.t_last).id
+        recorded = next(s.id for s in server.slots if s.id != lru)
+        b = dataclasses.replace(task("b", seq(2, 100)), slot=recorded)
+        run(server, [(5.0, b)])
+        assert server.slots[recorded].held.seq is b.out
+        busy = task("c", seq(3, 100), 500)  # into the slot never used
+        d = dataclasses.replace(task("d", seq(4, 100)), slot=lru)
+        out = run(server, [(10.0, busy), (10.1, d)])
+        assert server.slots[lru].held.seq is busy.out
+        assert of(out, Started, "d")[0].t < of(out, Finished, "c")[0].t  # busy: another slot
+
     def test_no_idle_slot_defers_until_one_is_released(self) -> None:
         server = model(parallel=1)
         a, b = task("a", seq(1, 100), 5), task("b", seq(2, 100))
@@ -166,6 +180,21 @@ class TestRule2RamCache:
         assert [s.held.n for s in server.slots if s.task is None and s.held.seq.segs
                 and s.held.seq.segs[0][0] == 1] in ([], [0])
         assert any(e.seq.segs[0][0] == 1 for e in server.table.cache.entries)
+
+
+    def test_a_slot_never_used_loads_nothing_from_ram(self) -> None:
+        """llama-server updates its prompt cache only for a slot whose context is not empty
+        (`get_available_slot`): bench day, a cold prompt's third piece, its slot emptied into RAM
+        by another's launch, went to a slot never used and computed its 768 tokens again (six
+        runs of six). A slot emptied into RAM after use loads from it."""
+        for parallel, found in ((3, 0), (2, 502)):
+            server = model(parallel=parallel, cache_ram=4096, cache_idle_slots=True,
+                           kv_unified=True)
+            a = task("a", seq(1, 500))
+            run(server, [(0.0, a)])
+            again = task("a2", seq(3, 20, a.out))
+            run(server, [(5.0, task("b", seq(2, 500), 300)), (5.1, again)])
+            assert again.cache_n == found  # 502: its prompt and reply, the last token not in the KV
 
 
 class TestRule3PromptStart:

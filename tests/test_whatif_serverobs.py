@@ -11,6 +11,7 @@ from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
 from proxy.whatif.serverobs import decode_obs, task_prefill_obs, used_before
 from proxy.whatif.settings import ServerSettings
+from proxy.whatif.slotted import recorded_slots
 
 SERVER = ServerSettings(n_batch=2048, n_ubatch=512, parallel=4, kv_unified=True, ctx=0,
                         cache_ram=0, cache_idle_slots=False)
@@ -106,3 +107,23 @@ class TestUsedBefore:
         records = [{"id": "a-0", "_t0": 0.0, "kind": "chat",
                     "timings": {"prompt_n": 7, "predicted_n": 7}}]
         assert used_before(tasks_of(probe), records) == []
+
+
+class TestRecordedSlots:
+    def test_each_request_is_found_in_the_slot_of_its_task_by_its_sizes(self) -> None:
+        tasks = tasks_of(task_lines(2, 5, 4.0, 1998, 4000.0, 0, 265, 5000.0),
+                         task_lines(0, 6, 5.0, 500, 800.0, 0, 100, 3000.0))
+        records = [{"id": "a-0", "_t0": 100.0, "timings": {"prompt_n": 1998, "predicted_n": 265}},
+                   {"id": "b-0", "_t0": 101.0, "timings": {"prompt_n": 500, "predicted_n": 100}},
+                   {"id": "c-0", "_t0": 102.0, "timings": {"prompt_n": 7, "predicted_n": 7}},
+                   {"id": "d-0", "_t0": 103.0, "outcome": "client_gone"}]
+        assert recorded_slots(tasks, records) == {"a-0": 2, "b-0": 0}
+
+    def test_of_two_tasks_of_one_size_the_one_launched_nearest_its_arrival(self) -> None:
+        tasks = tasks_of(task_lines(1, 5, 4.0, 1998, 1000.0, 0, 265, 5000.0),
+                         task_lines(3, 9, 40.0, 300, 500.0, 0, 50, 1000.0),
+                         task_lines(2, 12, 60.0, 300, 500.0, 0, 50, 1000.0))
+        records = [{"id": "a-0", "_t0": 100.0, "timings": {"prompt_n": 1998, "predicted_n": 265}},
+                   {"id": "late", "_t0": 156.0, "timings": {"prompt_n": 300, "predicted_n": 50}},
+                   {"id": "early", "_t0": 136.0, "timings": {"prompt_n": 300, "predicted_n": 50}}]
+        assert recorded_slots(tasks, records) == {"a-0": 1, "early": 3, "late": 2}

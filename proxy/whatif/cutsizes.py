@@ -56,7 +56,7 @@ def cut_sizes(tasks: Sequence[Task], records: Sequence[RecordLine],
               seen: Mapping[tuple[int, int], Seen]) -> dict[str, tuple[int, int]]:
     """Record id → (prompt tokens, cached tokens) for each record without timings whose task the
     server log shows with enough lines to tell."""
-    offset = _offset(tasks, records)
+    offset = log_offset(tasks, records)
     if offset is None:
         return {}
     untimed = [t for t in tasks if t.prompt_ms is None]
@@ -96,7 +96,7 @@ def _size(task: Task, tasks: Sequence[Task], seen: Seen) -> tuple[int, int] | No
     return max(prompt, cached + computed), cached
 
 
-def _offset(tasks: Sequence[Task], records: Sequence[RecordLine]) -> float | None:
+def log_offset(tasks: Sequence[Task], records: Sequence[RecordLine]) -> float | None:
     """Server-log time minus record time: the least of (launch − arrival) over the requests both
     show, found by their sizes (a task launches at its arrival at the soonest)."""
     by_size: dict[tuple[int | None, int | None], list[Task]] = {}

@@ -41,6 +41,7 @@ from proxy.whatif.settings import (
     server_log_settings,
     server_settings,
 )
+from proxy.whatif.slotted import recorded_slots
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,10 @@ def predict(inputs: Inputs) -> Prediction:
     tasks, cut = read_server_log(inputs)
     cal = calibrate(inputs, recorded.server, tasks)
     workload = reconciled(inputs.records, recorded, cal.costs,
-                          used_before(tasks, inputs.records) if tasks else [], cut)
+                          used_before(tasks, inputs.records) if tasks else [], cut,
+                          recorded_slots(tasks, inputs.records) if tasks else {})
+    if whatif.server.parallel != recorded.server.parallel:
+        workload.slots = {}  # other slots: the model chooses them all
     outcome = Replay(workload, whatif, cal.costs).run()
     outcome.records = unsized(outcome.records, set(workload.guessed), set(cut))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
@@ -178,22 +182,24 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
 
 def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
                used: Sequence[int] = (),
-               sizes: dict[str, tuple[int, int]] | None = None) -> Workload:
+               sizes: dict[str, tuple[int, int]] | None = None,
+               slots: dict[str, int] | None = None) -> Workload:
     """The workload, with the clients taken to have come back to their history (requests.py)
     checked against a replay of the recorded settings: where that replay finds cached what the
-    recording did not, the history was rewritten, not lost."""
-    workload = build_workload(records, sizes=sizes)
-    workload.used_before = list(used)
+    recording did not, the history was rewritten, not lost. `used`, `slots`: what the server's log
+    shows of its slots (`Workload.used_before`, `Workload.slots`)."""
+    def built(rewritten: Collection[str]) -> Workload:
+        workload = build_workload(records, rewritten=rewritten, sizes=sizes)
+        workload.used_before, workload.slots = list(used), dict(slots or {})
+        return workload
+
+    workload = built(())
     if not workload.returns:
         return workload
     found = Replay(workload, recorded, costs, records=False).run().cache_found
     rewritten = {j.id for j in workload.jobs if j.shared > j.recorded_cache and
                  found.get(j.id, 0) > j.recorded_cache + max(64, j.prompt_tokens // 10)}
-    if not rewritten:
-        return workload
-    again = build_workload(records, rewritten=rewritten, sizes=sizes)
-    again.used_before = list(used)
-    return again
+    return built(rewritten) if rewritten else workload
 
 
 def unsized(records: list[Record], guessed: set[str],

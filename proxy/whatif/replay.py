@@ -177,7 +177,7 @@ class Replay:
             facts.note = action.reason
         job = live.job
         task = Task(live.key, job.prompt, job.out, job.generated, batch_key(live.lora),
-                    explicit(live.lora), starved=job.starved)
+                    explicit(live.lora), starved=job.starved, slot=self.work.slots.get(job.id))
         live.task = task
         self._at(now + job.overhead_s, lambda t: self._send(live, task, t))
 

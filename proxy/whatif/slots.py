@@ -42,6 +42,8 @@ class Task:
     truncated: bool = False
     starved: bool = False
     """It never enters a batch (a request the log shows waiting until its client left)."""
+    slot: int | None = None
+    """The slot the server gave it in the recording: taken if idle (rule 1)."""
 
     @property
     def prompt_n(self) -> int:
@@ -140,15 +142,18 @@ class Slots:
 
     def _select(self, task: Task) -> tuple[Slot | None, int]:
         """`get_available_slot`: the best similar idle slot, else the least recently used one;
-        on the latter (or a similar one that keeps under half its tokens) the RAM cache is used."""
+        on the latter (or a similar one that keeps under half its tokens) the RAM cache is used,
+        unless the slot was never used (its context is empty: the server then updates no cache).
+        The slot the recording gave the task, if idle, is the only one looked at."""
         idle = [s for s in self.slots if s.phase is Phase.IDLE]
         if not idle:
             return None, 0
         chosen, update = None, True
         sps = self.settings.slot_prompt_similarity
+        recorded = [s for s in idle if s.id == task.slot]
         if sps > 0:
             best = 0.0
-            for slot in idle:
+            for slot in recorded or idle:
                 if slot.held.n > 0:
                     sim = slot.held.common(task.prompt) / task.prompt.length
                     if sim > best and sim > sps:
@@ -156,9 +161,10 @@ class Slots:
             if chosen is not None:
                 update = best * task.prompt.length / chosen.held.n < 0.5
         if chosen is None:
-            chosen = min(reversed(idle), key=lambda s: (s.t_last, s.released))
+            chosen = recorded[0] if recorded else min(reversed(idle),
+                                                      key=lambda s: (s.t_last, s.released))
         copied = 0
-        if update and self.cache.enabled:
+        if update and self.cache.enabled and chosen.t_last >= 0:  # never used: nothing is copied
             copied += self.cache.save(chosen.held)
             entry = self.cache.load(chosen.held, task.prompt)
             if entry is not None:

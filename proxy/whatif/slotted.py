@@ -1,0 +1,44 @@
+"""The slot each logged request ran in, by llama-server's log: the task of the same prompt and
+reply sizes (`timings.prompt_n`, `predicted_n`), the one launched nearest the request's arrival
+when several are that size (the logs' clocks set apart as `cutsizes.log_offset` finds). Pure.
+
+Replaying a day on as many slots as it had, a request takes the slot the server gave it when that
+slot is idle in the model too (the server model's rule 1). Which slot a request lands in decides
+what it finds cached and, with other LoRA settings, how long it waits for a batch of its own (only
+requests of the first generating slot's settings share one); once one request's timing differs,
+the model's own choices drift from the server's (docs/whatif.md, "Its measured error").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proxy.report.records import RecordLine, start_of, timing
+from proxy.report.tasks import Task
+from proxy.whatif.cutsizes import log_offset
+
+
+def recorded_slots(tasks: Sequence[Task], records: Sequence[RecordLine]) -> dict[str, int]:
+    """Record id → the slot its task ran in, for the requests with sizes the log shows a task of."""
+    by_size: dict[tuple[int, int], list[Task]] = {}
+    for task in tasks:
+        if task.prompt_n is not None and task.predicted_n is not None:
+            by_size.setdefault((task.prompt_n, task.predicted_n), []).append(task)
+    offset = log_offset(tasks, records)
+    claimed: set[int] = set()
+    slots: dict[str, int] = {}
+    for record in sorted(records, key=start_of):
+        prompt_n, predicted_n = timing(record, "prompt_n"), timing(record, "predicted_n")
+        if prompt_n is None or predicted_n is None:
+            continue
+        found = [t for t in by_size.get((int(prompt_n), int(predicted_n)), [])
+                 if id(t) not in claimed]
+        if len(found) > 1 and offset is not None:
+            arrived = start_of(record) + offset
+            found.sort(key=lambda t: abs(t.start_s - arrived))
+        elif len(found) > 1:
+            continue  # several of its size and no clock to tell them apart
+        if found:
+            claimed.add(id(found[0]))
+            slots[str(record.get("id"))] = found[0].slot
+    return slots
