@@ -1,5 +1,6 @@
 """keep_kv's parts apart from a server: the `[keep_kv]` table, the index and the files on disk, the
-status page and /metrics views, the report's table and the benchmark's tables."""
+status page and /metrics views, the report's table and the benchmark's tables, and the keeper's
+restore whose caller leaves (a stand-in server that never answers)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, cast
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from proxy.bench.keep import budget_table, returning_table
 from proxy.bench.keep_run import KeepFigures, KeepScenario, Turn
 from proxy.config import ConfigError, load_config, parse_config
+from proxy.estimate import block_hashes
 from proxy.keep.feature import restart_only
 from proxy.keep.index import (
     INDEX_NAME,
@@ -30,13 +34,26 @@ from proxy.keep.index import (
     seal,
     write_index,
 )
+from proxy.keep.keeper import Keeper
 from proxy.keep.probe import Probe, save_refused
 from proxy.keep.store import KeepStore
-from proxy.keep.values import Delete, KeepFile, KeepKnobs, Quarantine, SavedFile, lora_variant
+from proxy.keep.values import (
+    Delete,
+    KeepFile,
+    KeepKnobs,
+    Quarantine,
+    SavedFile,
+    SlotState,
+    file_name,
+    lora_variant,
+)
 from proxy.keep.views import keep_metrics, status_view
+from proxy.prefill.estimator import Estimator
+from proxy.record.timing_log import TimingLog
 from proxy.report.keep_table import keep_tables
 from proxy.state import ProxyState
 from proxy.upstream import UpstreamCallError
+from tests.helpers import make_flight, serve_app
 
 EXAMPLE = Path(__file__).parent.parent / "config" / "slotwise.toml"
 
@@ -235,3 +252,57 @@ class TestBenchTables:
         assert list(budgets.columns[1].cells) == ["4 of 4", "2 of 4"]
         assert list(budgets.columns[2].cells) == ["4 of 4 (N=4)", "2 of 2 (N=2)"]
         assert list(budgets.columns[3].cells) == ["0 of 0", "0 of 2"]
+
+
+class TestKeeperRestoreLeft:
+    """A restore's caller that leaves (a warm-up ended, a client gone) before the restore is asked
+    for: its slot must not stay claimed, or every later restore passes it by while the prefill
+    policy counts it free (bench day: every slot so claimed, a returning user computed after
+    60 s). A stand-in llama-server that never answers the save made first is the fault here."""
+
+    async def test_a_restore_cancelled_during_the_save_before_it_frees_its_slot(
+            self, tmp_path: Path) -> None:
+        save_asked = asyncio.Event()
+
+        async def slots(_: web.Request) -> web.Response:
+            return web.json_response([{"id": 0, "is_processing": False, "id_task": 5,
+                                       "n_prompt_tokens": 709}])
+
+        async def never(_: web.Request) -> web.Response:
+            save_asked.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        app = web.Application()
+        app.router.add_get("/slots", slots)
+        app.router.add_post("/slots/0", never)
+        kv = tmp_path / "kv"
+        kv.mkdir(mode=0o700)
+        ids = list(range(1100))
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            config = parse_config({"upstream": {"url": url},
+                                   "log": {"timing": str(tmp_path / "timing.jsonl")},
+                                   "keep_kv": {"enabled": True, "dir": str(kv), "min_tokens": 256}})
+            state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
+                               session=session)
+            keeper = Keeper(state, Estimator(state.upstream))
+            store = keeper.store
+            store.set_model("/m.gguf")
+            name = file_name(tuple(block_hashes(ids[:1024])), "")
+            (kv / name).write_bytes(b"kv" * 500)
+            size, digest, _ = seal(kv / name)
+            store.files[name] = SavedFile(name=name, chain=tuple(block_hashes(ids[:1024])),
+                                          variant="", model="/m.gguf", tokens=1024, size=size,
+                                          saved_at=0.0, last_used=0.0, digest=digest)
+            other = list(range(5000, 5700))  # an unsaved conversation in slot 0: saved first
+            store.on_request_ended(block_hashes(other), "", 700, 9, keeper.now())
+            restoring = asyncio.create_task(keeper.restore(make_flight("back", 0.0), ids))
+            await asyncio.wait_for(save_asked.wait(), 10.0)
+            assert store.restoring  # slot 0 claimed while its conversation is saved
+            restoring.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await restoring
+            state.timing_log.close()
+        assert store.restoring == {} and store.saving is None
+        assert store.restore(block_hashes(ids), "", 1100, 0,
+                             [SlotState(id=0, busy=False, tokens=0, task=5)]) is not None
