@@ -19,7 +19,7 @@ from proxy.report.records import load_timing_log, parse_time
 from proxy.whatif.check import compare, figures, passed
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
-from proxy.whatif.predict import Inputs, Prediction, predict
+from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
 from proxy.whatif.requests import build_workload
 from proxy.whatif.settings import (
     ServerSettings,
@@ -80,6 +80,12 @@ class TestSettings:
         assert (out.server.n_batch, out.server.kv_unified) == (512, False)
         assert (out.config.prefill.mode, out.config.prefill.max_stall_ms) == ("chunk", 300.0)
         assert out.config.prefill.n_batch == 512 and out.config.keep_kv.enabled
+
+    def test_the_recorded_slots_are_followed_only_while_slotwise_sends_the_same_tasks(self) -> None:
+        recorded = Settings(ServerSettings(), Config())
+        assert same_tasks(apply(recorded, ["n_batch=512"], {}), recorded)
+        assert not same_tasks(apply(recorded, ["prefill.mode=chunk"], {}), recorded)
+        assert not same_tasks(apply(recorded, ["keep_kv.enabled=true"], {}), recorded)
 
     def test_the_server_log_says_slots_context_and_shared_kv(self) -> None:
         lines = (DATA / "server-excerpt.log").read_text().splitlines()

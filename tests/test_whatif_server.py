@@ -127,7 +127,8 @@ class TestRule1SlotChoice:
         table.assign(6.0)
         assert table.slots[0].task is nxt
 
-    def test_a_replayed_task_takes_the_slot_the_recording_gave_it_when_idle(self) -> None:
+    def test_a_replayed_task_takes_the_slot_the_recording_gave_it_for_the_least_recent(
+            self) -> None:
         server = model()
         run(server, [(0.0, task("a", seq(1, 100)))])
         lru = min(server.slots, key=lambda s: s.t_last).id
@@ -140,6 +141,10 @@ class TestRule1SlotChoice:
         out = run(server, [(10.0, busy), (10.1, d)])
         assert server.slots[lru].held.seq is busy.out
         assert of(out, Started, "d")[0].t < of(out, Finished, "c")[0].t  # busy: another slot
+        holder = next(s.id for s in server.slots if s.held.seq is busy.out)
+        again = dataclasses.replace(task("c2", seq(5, 20, busy.out)), slot=1 - holder)
+        run(server, [(30.0, again)])
+        assert again.cache_n == busy.out.length - 1  # the slot holding its prefix comes first
 
     def test_no_idle_slot_defers_until_one_is_released(self) -> None:
         server = model(parallel=1)
@@ -180,21 +185,6 @@ class TestRule2RamCache:
         assert [s.held.n for s in server.slots if s.task is None and s.held.seq.segs
                 and s.held.seq.segs[0][0] == 1] in ([], [0])
         assert any(e.seq.segs[0][0] == 1 for e in server.table.cache.entries)
-
-
-    def test_a_slot_never_used_loads_nothing_from_ram(self) -> None:
-        """llama-server updates its prompt cache only for a slot whose context is not empty
-        (`get_available_slot`): bench day, a cold prompt's third piece, its slot emptied into RAM
-        by another's launch, went to a slot never used and computed its 768 tokens again (six
-        runs of six). A slot emptied into RAM after use loads from it."""
-        for parallel, found in ((3, 0), (2, 502)):
-            server = model(parallel=parallel, cache_ram=4096, cache_idle_slots=True,
-                           kv_unified=True)
-            a = task("a", seq(1, 500))
-            run(server, [(0.0, a)])
-            again = task("a2", seq(3, 20, a.out))
-            run(server, [(5.0, task("b", seq(2, 500), 300)), (5.1, again)])
-            assert again.cache_n == found  # 502: its prompt and reply, the last token not in the KV
 
 
 class TestRule3PromptStart:

@@ -136,8 +136,8 @@ def predict(inputs: Inputs) -> Prediction:
     workload = reconciled(inputs.records, recorded, cal.costs,
                           used_before(tasks, inputs.records) if tasks else [], cut,
                           recorded_slots(tasks, inputs.records) if tasks else {})
-    if whatif.server.parallel != recorded.server.parallel:
-        workload.slots = {}  # other slots: the model chooses them all
+    if whatif.server.parallel != recorded.server.parallel or not same_tasks(whatif, recorded):
+        workload.slots = {}  # other slots, or slotwise sends other tasks: the model chooses
     outcome = Replay(workload, whatif, cal.costs).run()
     outcome.records = unsized(outcome.records, set(workload.guessed), set(cut))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
@@ -145,6 +145,13 @@ def predict(inputs: Inputs) -> Prediction:
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
                       outcome, time.perf_counter() - began,
                       notes + outcome.notes + unmodelled(whatif, workload))
+
+
+def same_tasks(whatif: Settings, recorded: Settings) -> bool:
+    """Whether slotwise sends the server the same tasks in the what-if (its settings other than
+    the batch size it is told are the recorded ones): no other pieces, restores or holds."""
+    prefill = dataclasses.replace(whatif.config.prefill, n_batch=recorded.config.prefill.n_batch)
+    return dataclasses.replace(whatif.config, prefill=prefill) == recorded.config
 
 
 MODELLED_TABLES = ("prefill", "lora", "keep_kv")

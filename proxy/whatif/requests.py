@@ -110,8 +110,10 @@ class Workload:
     used_before: list[int] = field(default_factory=list)
     """Slots the server's log shows used before the first request, oldest first."""
     slots: dict[str, int] = field(default_factory=dict)
-    """The slot the server's log shows each request ran in, by its id (slotted.py): taken when
-    idle in the model too. Empty when the what-if has another number of slots."""
+    """The slot the server's log shows each request ran in, by its id (slotted.py): where the
+    model would take the least recently used slot, it takes that one if idle. Empty when the
+    what-if has another number of slots or other slotwise settings (other tasks: pieces,
+    restores, holds)."""
     guessed: list[str] = field(default_factory=list)
     """Requests whose client left before the server said their prompt's size: replayed with the
     log's median prompt (they held a slot or a place in the queue all the same); those with no

@@ -6,12 +6,12 @@ Rules (tests/test_whatif_server.py follows them one to one):
  1. Between two batches the queued tasks get slots, in order (slots.py): the idle slot holding the
     largest share of the prompt above `slot_prompt_similarity`, else the least recently used idle
     one; with none idle the task is deferred, and each slot released sends one deferred task back
-    to the front of the queue. A task the recording shows in a slot takes that one when it is
-    idle (by similarity or as the least recently used, as the server would have).
+    to the front of the queue. Where it would take the least recently used slot, a task the
+    recording shows in a slot takes that one if it is idle.
  2. The RAM prompt cache (ramcache.py): on the least-recently-used path (or a similar slot that
     would keep under half its tokens) the slot's tokens are saved and the entry that best holds the
-    prompt is restored, unless the slot was never used; with `cache_idle_slots` every idle slot
-    is saved at each launch, and emptied with one shared KV. Copies take the main loop's time:
+    prompt is restored; with `cache_idle_slots` every idle slot is saved at each launch, and
+    emptied with one shared KV. Copies take the main loop's time:
     every slot waits.
  3. A prompt starts when it first enters a batch (a stream's headers): it reuses what its slot
     holds in common with it, one token at least recomputed; a prompt of at least the slot's

@@ -142,9 +142,8 @@ class Slots:
 
     def _select(self, task: Task) -> tuple[Slot | None, int]:
         """`get_available_slot`: the best similar idle slot, else the least recently used one;
-        on the latter (or a similar one that keeps under half its tokens) the RAM cache is used,
-        unless the slot was never used (its context is empty: the server then updates no cache).
-        The slot the recording gave the task, if idle, is the only one looked at."""
+        on the latter (or a similar one that keeps under half its tokens) the RAM cache is used.
+        The least recently used is the slot the recording gave the task, if it is idle."""
         idle = [s for s in self.slots if s.phase is Phase.IDLE]
         if not idle:
             return None, 0
@@ -153,7 +152,7 @@ class Slots:
         recorded = [s for s in idle if s.id == task.slot]
         if sps > 0:
             best = 0.0
-            for slot in recorded or idle:
+            for slot in idle:
                 if slot.held.n > 0:
                     sim = slot.held.common(task.prompt) / task.prompt.length
                     if sim > best and sim > sps:
@@ -164,7 +163,7 @@ class Slots:
             chosen = recorded[0] if recorded else min(reversed(idle),
                                                       key=lambda s: (s.t_last, s.released))
         copied = 0
-        if update and self.cache.enabled and chosen.t_last >= 0:  # never used: nothing is copied
+        if update and self.cache.enabled:
             copied += self.cache.save(chosen.held)
             entry = self.cache.load(chosen.held, task.prompt)
             if entry is not None:

@@ -2,11 +2,12 @@
 reply sizes (`timings.prompt_n`, `predicted_n`), the one launched nearest the request's arrival
 when several are that size (the logs' clocks set apart as `cutsizes.log_offset` finds). Pure.
 
-Replaying a day on as many slots as it had, a request takes the slot the server gave it when that
-slot is idle in the model too (the server model's rule 1). Which slot a request lands in decides
-what it finds cached and, with other LoRA settings, how long it waits for a batch of its own (only
-requests of the first generating slot's settings share one); once one request's timing differs,
-the model's own choices drift from the server's (docs/whatif.md, "Its measured error").
+Replaying a day on as many slots as it had, with slotwise sending the same tasks, a request that
+would take the least recently used slot takes the one the server gave it, if idle in the model
+too (the server model's rule 1; a slot holding its prefix still comes first). Which slot a
+request lands in decides, with other LoRA settings, how long it waits for a batch of its own
+(only requests of the first generating slot's settings share one); once one request's timing
+differs, the model's own choices drift from the server's (docs/whatif.md, "Its measured error").
 """
 
 from __future__ import annotations
