@@ -11,8 +11,7 @@ Rules (tests/test_whatif_server.py follows them one to one):
  2. The RAM prompt cache (ramcache.py): on the least-recently-used path (or a similar slot that
     would keep under half its tokens) the slot's tokens are saved and the entry that best holds the
     prompt is restored; with `cache_idle_slots` every idle slot is saved at each launch, and
-    emptied with one shared KV. Copies take the main loop's time:
-    every slot waits.
+    emptied with one shared KV. Copies take the main loop's time: every slot waits.
  3. A prompt starts when it first enters a batch (a stream's headers): it reuses what its slot
     holds in common with it, one token at least recomputed; a prompt of at least the slot's
     context is refused (400). An explicit LoRA change clears the slot first.
