@@ -99,15 +99,27 @@ def _size(task: Task, tasks: Sequence[Task], seen: Seen) -> tuple[int, int] | No
 def log_offset(tasks: Sequence[Task], records: Sequence[RecordLine]) -> float | None:
     """Server-log time minus record time: the least of (launch − arrival) over the requests both
     show, found by their sizes (a task launches at its arrival at the soonest)."""
-    by_size: dict[tuple[int | None, int | None], list[Task]] = {}
-    for t in tasks:
-        by_size.setdefault((t.prompt_n, t.predicted_n), []).append(t)
+    by_size = tasks_by_size(tasks)
     gaps = []
     for record in records:
-        prompt_n, predicted_n = timing(record, "prompt_n"), timing(record, "predicted_n")
-        if prompt_n is None or predicted_n is None:
-            continue
-        found = by_size.get((int(prompt_n), int(predicted_n)), [])
+        found = by_size.get(record_size(record) or (-1, -1), [])
         if len(found) == 1:
             gaps.append(found[0].start_s - start_of(record))
     return min(gaps, default=None)
+
+
+def tasks_by_size(tasks: Sequence[Task]) -> dict[tuple[int, int], list[Task]]:
+    """The tasks with timings by their (prompt_n, predicted_n), in the log's order."""
+    out: dict[tuple[int, int], list[Task]] = {}
+    for t in tasks:
+        if t.prompt_n is not None and t.predicted_n is not None:
+            out.setdefault((t.prompt_n, t.predicted_n), []).append(t)
+    return out
+
+
+def record_size(record: RecordLine) -> tuple[int, int] | None:
+    """A record's (prompt_n, predicted_n), the sizes a task of it shows; None without timings."""
+    prompt_n, predicted_n = timing(record, "prompt_n"), timing(record, "predicted_n")
+    if prompt_n is None or predicted_n is None:
+        return None
+    return int(prompt_n), int(predicted_n)

@@ -14,26 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.report.records import RecordLine, start_of, timing
+from proxy.report.records import RecordLine, start_of
 from proxy.report.tasks import Task
-from proxy.whatif.cutsizes import log_offset
+from proxy.whatif.cutsizes import log_offset, record_size, tasks_by_size
 
 
 def recorded_slots(tasks: Sequence[Task], records: Sequence[RecordLine]) -> dict[str, int]:
     """Record id → the slot its task ran in, for the requests with sizes the log shows a task of."""
-    by_size: dict[tuple[int, int], list[Task]] = {}
-    for task in tasks:
-        if task.prompt_n is not None and task.predicted_n is not None:
-            by_size.setdefault((task.prompt_n, task.predicted_n), []).append(task)
-    offset = log_offset(tasks, records)
+    by_size, offset = tasks_by_size(tasks), log_offset(tasks, records)
     claimed: set[int] = set()
     slots: dict[str, int] = {}
     for record in sorted(records, key=start_of):
-        prompt_n, predicted_n = timing(record, "prompt_n"), timing(record, "predicted_n")
-        if prompt_n is None or predicted_n is None:
+        size = record_size(record)
+        if size is None:
             continue
-        found = [t for t in by_size.get((int(prompt_n), int(predicted_n)), [])
-                 if id(t) not in claimed]
+        found = [t for t in by_size.get(size, []) if id(t) not in claimed]
         if len(found) > 1 and offset is not None:
             arrived = start_of(record) + offset
             found.sort(key=lambda t: abs(t.start_s - arrived))
