@@ -22,6 +22,7 @@ from proxy.prefill.strategy import (
     background_piece,
     catch_up_piece,
     choose_piece,
+    split_piece,
 )
 
 Release = tuple[HeldRequest, Admit | Forward]
@@ -45,7 +46,7 @@ class Server:
 
     def takes(self, held: HeldRequest) -> bool:
         """Whether a plan may use the server now: it keeps a slot, or one is free."""
-        return held.has_slot or self.free_slots is None or self.free_slots > 0
+        return held.keeps_slot or self.free_slots is None or self.free_slots > 0
 
 
 class ColdPlans:
@@ -68,8 +69,13 @@ class ColdPlans:
         return sum(1 for p in self.held.values() if p.piece_upto is not None)
 
     def slots_kept(self) -> int:
-        """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
-        return sum(1 for p in self.held.values() if p.has_slot)
+        """Slots the plans use or keep (rule 12): one per plan a piece of which went, and one per
+        split turn (rule 18)."""
+        return sum(1 for p in self.held.values() if p.keeps_slot)
+
+    def cold(self) -> int:
+        """The plans of cold requests (rule 4's line, bounded by `max_waiting`): not split turns."""
+        return sum(1 for p in self.held.values() if not p.split)
 
     def slots_owed(self, server: Server, now: float) -> int:
         """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
@@ -80,7 +86,7 @@ class ColdPlans:
             return 0
         cost, n_batch = server.cost.cost, server.n_batch
         return sum(1 for p in self.held.values()
-                   if not p.has_slot and p.due_at(cost, n_batch) <= now
+                   if not p.keeps_slot and p.due_at(cost, n_batch) <= now
                    and (p.hold_until is None or p.hold_until <= now))
 
     # ---- events ------------------------------------------------------------------------------
@@ -97,6 +103,8 @@ class ColdPlans:
         held.pieces_done += 1
         held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
+        if held.split:
+            return True  # rule 18: back to back; a cold plan's pause stays as it was
         share = server.cfg.prefill_share if held.req.background else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
             server.use.cells())
@@ -151,6 +159,8 @@ class ColdPlans:
         cost, n_batch = server.cost.cost, server.n_batch
 
         def key(plan: HeldRequest) -> tuple[int, float, float]:
+            if plan.split:  # rule 18: a short turn, which would have gone at once
+                return (-1, plan.req.now, 0.0)
             due = plan.due_at(cost, n_batch)
             return (0, due, 0.0) if due <= now else (1, *plan.rest_key())
 
@@ -167,6 +177,8 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
+        if held.split:
+            return split_piece(server.cost.cost, situation, knobs)
         if held.req.background:
             return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:
@@ -177,6 +189,8 @@ class ColdPlans:
 
     def _defer_step(self, server: Server, now: float) -> Release | None:
         for held in self.held.values():
+            if held.split:  # split in `chunk` before a reload to `defer`: a short turn
+                return held, held.release("prefill.mode defer (reload)")
             if now >= held.deadline:
                 return held, Admit(held.req.req_id, "held prefill.max_hold_s")
         if server.use or server.other_piece:
@@ -185,8 +199,11 @@ class ColdPlans:
         return held, Admit(held.req.req_id, "held until others finished")
 
     def _piece_waits(self, server: Server, held: HeldRequest, now: float) -> bool:
-        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
+        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind); a
+        split turn only the others' prompts (rule 18)."""
         use = server.use
+        if held.split:
+            return use.prefilling() or now < use.sent_grace_end()
         return now < self.next_piece_at or (not held.behind and (
             use.prefilling() or now < use.sent_grace_end()))
 
@@ -219,6 +236,8 @@ class ColdPlans:
             pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
         elif active.behind:
             pieces = self.next_piece_at
+        elif active.split:
+            pieces = None if server.use.prefilling() else server.use.sent_grace_end()
         elif server.use.prefilling():
             pieces = None
         else:
