@@ -117,20 +117,15 @@ class TestRule1ColdOrNot:
     def test_a_background_job_goes_in_pieces_from_a_smaller_stall(self) -> None:
         """bench day: a 600-token translation sent whole froze four streams 1.5-1.9 s. At 1,000
         tokens/s it stalls the stream 0.6 s: over 2 × 256.5 ms, so a background job's goes in
-        pieces at `prefill_share`'s pauses; a chat turn's (under 512 tokens, or 8 × max_stall_ms)
-        is not cold: it is split (rule 18), its pieces back to back."""
-        for tps, tokens, background, first in ((1000, 600, True, "Hold"), (1000, 600, False, "split"),
+        pieces; a chat turn's (under 512 tokens, or 8 × max_stall_ms) goes whole."""
+        for tps, tokens, background, first in ((1000, 600, True, "Hold"), (1000, 600, False, "Admit"),
                                                 (1000, 500, True, "Admit"), (100, 128, True, "Hold"),
                                                 (100, 127, True, "Admit")):
             p = policy(tps=tps, measured=True)
             busy(p)
             decided = p.on_arrival("t", tokens, tokens, 0.0, background=background)
-            if first == "split":
-                assert decided[0] == Hold("t", "split: fed in pieces back to back")
-            else:
-                assert kinds(decided)[0] == first, (tokens, background, decided)
+            assert kinds(decided)[0] == first, (tokens, background, decided)
             if first == "Hold":
-                assert decided[0] == Hold("t", "others generating")
                 assert p.snapshot().chunking is not None  # fed in pieces
 
     def test_a_background_job_keeps_the_streams_promise_whatever_it_costs_it(self) -> None:
@@ -149,8 +144,7 @@ class TestRule1ColdOrNot:
     def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
         """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
         whole; and one arriving when it would take the last free slot is judged as a chat turn
-        (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: not cold, but over
-        2 ×: split, rule 18, its pieces back to back)."""
+        (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: sent whole)."""
         p = policy(tps=1000.0, measured=True, slots=3)
         busy(p)
         assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 256)
@@ -164,8 +158,7 @@ class TestRule1ColdOrNot:
                                     "tokens fed)")
         p = policy(tps=1000.0, measured=True, slots=2)
         busy(p)
-        assert p.on_arrival("t", 600, 600, 0.0, background=True) == [
-            Hold("t", "split: fed in pieces back to back"), FeedPiece("t", 384)]
+        assert p.on_arrival("t", 600, 600, 0.0, background=True) == [Admit("t", "not cold")]
 
     @staticmethod
     def fed_beside_a_stream(*, background: bool) -> tuple[list[int], Admit | Forward]:
@@ -200,7 +193,7 @@ class TestRule1ColdOrNot:
     def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
         idle = policy(tps=100.0, measured=True)
         assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
-        fast = policy(tps=5000.0, measured=True)  # 0.24 s whole: under 2 × 256.5 ms
+        fast = policy(tps=1000.0, measured=True)  # 1.2 s whole: under 8 × 256.5 ms
         busy(fast)
         assert fast.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
 
@@ -211,20 +204,18 @@ class TestRule1ColdOrNot:
         busy(p)
         assert p.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
 
-    def test_a_short_turn_is_never_cold_however_slow_the_machine(self) -> None:
-        """Under 512 new tokens a prompt is a short turn's: never held behind others or paused
-        (it is split instead, rule 18)."""
+    def test_a_short_turn_goes_whole_however_slow_the_machine(self) -> None:
+        """Under 512 new tokens a prompt is a short turn's: pieces would cost its own first token
+        a pause each, for a stall the streams take from every short turn."""
         p = policy(tps=50.0, measured=True)
         busy(p)
-        assert p.on_arrival("t", 500, 6000, 0.0) == [Hold("t", "split: fed in pieces back to back"),
-                                                     FeedPiece("t", 5504)]
-        assert p.snapshot().waiting == ()
+        assert p.on_arrival("t", 500, 6000, 0.0) == [Admit("t", "not cold")]
 
     def test_cold_by_its_stall_only_is_sent_not_refused_when_the_line_is_full(self) -> None:
         p = policy(tps=100.0, max_waiting=0, measured=True)
         busy(p)
         assert kinds(p.on_arrival("c", 5000, 5000, 0.0))[0] == "Hold"
-        assert p.on_arrival("w", 1200, 5000, 0.5) == [Hold("w", "split: fed in pieces back to back")]
+        assert p.on_arrival("w", 1200, 5000, 0.5) == [Admit("w", "not cold")]
 
 
 class TestRule2ModeOff:
@@ -1184,84 +1175,3 @@ class TestRule17FirstPieceGoesWhereTheWholePromptWould:
         busy(p)
         assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT, first_upto=5500))[-1] == "Restore"
         assert p.on_restored("r", 1000, 0.5)[-1] == FeedPiece("r", 5056)  # not 5504
-
-
-class TestRule18ShortTurnsSplit:
-    SPLIT = "split: fed in pieces back to back"
-
-    @staticmethod
-    def feed_to_release(p: PrefillPolicy, req_id: str, decided: list[Any], done: int,
-                        tps: float, now: float = 0.0) -> tuple[list[int], Admit | Forward]:
-        """Answer each piece as the server would at `tps`; every next piece must come at once."""
-        pieces = list[int]()
-        while True:
-            [last] = [d for d in decided if getattr(d, "req_id", None) == req_id
-                      and not isinstance(d, Hold)]
-            if isinstance(last, Admit | Forward):
-                return pieces, last
-            assert isinstance(last, FeedPiece), decided
-            tokens = last.upto_tokens - done
-            pieces.append(tokens)
-            now += tokens / tps
-            decided = p.on_piece_done(req_id, tokens, tokens * 1000.0 / tps, now)
-            done = last.upto_tokens
-
-    def test_a_short_turn_that_would_stall_the_streams_goes_in_pieces_back_to_back(self) -> None:
-        """bench day: turns of 250-650 tokens sent whole froze four streams 1.3-1.6 s. At 100
-        tokens/s a 400-token turn would stall the stream 4 s: it goes in 64-token pieces (0.64 s
-        each), each the moment the last one ends, then the rest whole."""
-        p = policy(tps=100.0, measured=True)
-        busy(p)
-        decided = p.on_arrival("t", 400, 3000, 0.0)
-        assert decided[0] == Hold("t", self.SPLIT)
-        pieces, sent = self.feed_to_release(p, "t", decided, 2600, 100.0)
-        assert set(pieces[1:]) == {64} and 2600 + sum(pieces) > 3000 - 64
-        assert isinstance(sent, Forward) and sent.reason == (
-            "split: sent whole, its 400 new tokens would stall 1 generating for ~4.0 s (over 2 × "
-            f"max_stall_ms); rest fits one piece after {len(pieces)} pieces "
-            f"({2600 + sum(pieces)} tokens fed)")
-
-    def test_its_pieces_go_first_even_during_a_cold_plan_s_pause(self) -> None:
-        p = policy(tps=1000.0, measured=True)
-        busy(p)
-        [_, piece] = p.on_arrival("c", 5000, 5000, 0.0)
-        assert isinstance(piece, FeedPiece)
-        assert p.on_piece_done("c", piece.upto_tokens, piece.upto_tokens * 1.0, 0.3) == []  # pause
-        decided = p.on_arrival("t", 1200, 1200, 0.35)  # 1.2 s whole: over 2 × 256.5 ms
-        assert decided == [Hold("t", self.SPLIT), FeedPiece("t", 384)]
-        pieces, sent = self.feed_to_release(p, "t", decided, 0, 1000.0, 0.35)
-        assert pieces == [384, 384, 384] and isinstance(sent, Forward)
-        assert p.snapshot().held == ("c",)  # the cold plan goes on after the turn started
-
-    def test_what_is_not_split(self) -> None:
-        idle = policy(tps=100.0, measured=True)  # nobody generating: whole at full speed
-        assert idle.on_arrival("t", 400, 3000, 0.0) == [Admit("t", "not cold")]
-        for p, tokens in ((policy(tps=10.0, measured=True), 127),  # too short to cut
-                          (policy(tps=100.0), 400),  # the cost is the prior's guess
-                          (policy("defer", tps=100.0, measured=True), 400)):
-            busy(p)
-            assert p.on_arrival("t", tokens, 3000, 0.0) == [Admit("t", "not cold")]
-
-    def test_a_restored_turn_goes_whole_to_start_in_its_slot(self) -> None:
-        p = policy(tps=100.0, measured=True, slots=4)
-        busy(p)
-        assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT))[-1] == "Restore"
-        assert p.on_restored("r", 400, 0.5) == [Admit("r", "not cold")]
-
-    def test_it_takes_a_slot_and_is_never_counted_or_refused_as_cold(self) -> None:
-        p = policy(tps=100.0, measured=True, slots=3, max_waiting=0)
-        busy(p)
-        assert p.on_arrival("t", 400, 3000, 0.0)[0] == Hold("t", self.SPLIT)
-        assert p.on_arrival("x", 50, 500, 0.1) == [Admit("x", "not cold")]  # the last slot
-        assert p.on_arrival("y", 50, 500, 0.2) == [Hold("y", "waiting for a free slot (3 of 3 in use)")]
-        p = policy(tps=100.0, measured=True, max_waiting=0)
-        busy(p)
-        assert p.on_arrival("t", 400, 3000, 0.0)[0] == Hold("t", self.SPLIT)
-        assert p.on_arrival("c", 5000, 5000, 0.1)[0] == Hold("c", "waiting for its turn")
-
-    def test_a_client_that_leaves_mid_piece_cancels_it(self) -> None:
-        p = policy(tps=100.0, measured=True)
-        busy(p)
-        assert kinds(p.on_arrival("t", 400, 3000, 0.0)) == ["Hold", "FeedPiece"]
-        assert p.on_client_left("t", 0.2) == [CancelPiece("t")]
-        assert p.snapshot().held == ()

@@ -22,14 +22,12 @@ from proxy.prefill.outlook import (
     pieces_outlook,
 )
 from proxy.prefill.strategy import (
-    SPLIT_SLOWER,
     STRETCH,
     TARGET_TRADE,
     TRADE_SLACK,
     Strategy,
     catch_up_piece,
     choose_piece,
-    split_piece,
 )
 from tests.test_batch_cost import BUSY, CPU, GPU, fitted
 
@@ -269,29 +267,6 @@ class TestRule8CatchUp:
     def test_whole_when_the_rest_fits_one_piece(self) -> None:
         choice = catch_up_piece(CPU, at(2048, 40), self.BEHIND, "why")
         assert (choice.strategy, choice.reason) == (Strategy.WHOLE, "why; the rest fits one piece")
-
-
-class TestRule9SplitTurn:
-    """A short turn that would stall the streams: pieces back to back, or whole."""
-
-    def test_the_largest_piece_within_stretch_then_whole_for_the_last(self) -> None:
-        sit = at(2000, 400, decoders=4)  # whole: ~640 ms, four times max_stall_ms
-        choice = split_piece(CPU, sit, KNOBS)
-        n = choice.piece_tokens
-        assert (choice.strategy, n) == (Strategy.PIECES, 128)
-        assert CPU.batch_ms(n, 2000, 4) <= STRETCH * KNOBS.max_stall_ms < CPU.batch_ms(n + 64, 2000, 4)
-        assert choice.predicted_streams_share == 0.0  # no pause: its own user waits
-        assert choice.reason.startswith("a short turn: 128-token pieces of ~233 ms back to back")
-        assert split_piece(CPU, at(2000, n, decoders=4), KNOBS).strategy is Strategy.WHOLE
-
-    def test_whole_when_pieces_would_cost_the_turn_too_much(self) -> None:
-        # every batch starts with 100 ms (200 tokens' worth): five 64-token pieces of a 300-token
-        # turn take ~2.1× the turn whole.
-        choice = split_piece(FIXED_HEAVY, at(0, 300, decoders=1),
-                             dataclasses.replace(KNOBS, max_stall_ms=80.0))
-        assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
-        assert choice.reason.startswith("64-token pieces back to back would take ~")
-        assert float(choice.reason.split("~")[1].split("×")[0]) > SPLIT_SLOWER
 
 
 class TestOutlook:

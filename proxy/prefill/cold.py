@@ -1,7 +1,6 @@
 """When a request under `cold_tokens` is cold all the same (rule 1 of `PrefillPolicy`): while
 others generate, by how long sending it whole would stall the streams (sooner for a background
-job's); and when a short turn is split (rule 18) rather than sent whole. Pure: numbers in, a reason
-out.
+job's). Pure: numbers in, a reason out.
 """
 
 from __future__ import annotations
@@ -26,12 +25,6 @@ BACKGROUND_STALLS = 2.0
 streams' longest gap `chunk` promises)..."""
 MIN_BACKGROUND_TOKENS = 128
 """...and this many new tokens (two pieces of the smallest size)."""
-SPLIT_STALLS = 2.0
-"""A short turn (not cold) is split into pieces fed back to back when, sent whole beside the
-streams, its batch is predicted to stall them longer than this × `max_stall_ms`: the longest gap
-`chunk` promises them (bench day: turns of 250-650 tokens froze four streams 1.3-1.6 s)..."""
-MIN_SPLIT_TOKENS = 128
-"""...and it has this many new tokens (two pieces of the smallest size)."""
 
 
 def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
@@ -57,17 +50,3 @@ def whole_stall_ms(cost: BatchCost, req: Arrived, n_batch: int, decoders: int,
     of them waits for its next token."""
     cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
     return cost.batch_ms(min(req.est_new_tokens, max(1, n_batch)), cached, decoders, cells)
-
-
-def split_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
-                 decoders: int, cells: int = 0) -> str | None:
-    """Why a short turn (not cold) goes in pieces back to back (rule 18), or None when it goes
-    whole: only in `chunk`, while others generate, once the batch cost has measured this server."""
-    if (cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < MIN_SPLIT_TOKENS
-            or not model.measured):
-        return None
-    stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders, cells)
-    if stall_ms <= SPLIT_STALLS * cfg.max_stall_ms:
-        return None
-    return (f"split: sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
-            f"generating for ~{stall_ms / 1000.0:.1f} s (over {SPLIT_STALLS:g} × max_stall_ms)")

@@ -35,9 +35,6 @@ class HeldRequest:
     caught_up: str | None = None
     """`chunk`: why it is no longer held (its hold ended, or its rest is a short turn's work): it
     goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
-    split: bool = False
-    """A short turn fed in pieces back to back so the streams wait one piece at a time (rule 18):
-    first in turn, no pause after its pieces, never held."""
     waiting_since: float = 0.0
     """When it last got something: its arrival, then the end of each of its pieces (rule 4's
     turn: a plan that has waited its own time alone since then goes before the others)."""
@@ -48,12 +45,6 @@ class HeldRequest:
         keeps that slot for it (rule 12), so that a short turn sent meanwhile cannot take the
         last one and leave it waiting for somebody's whole reply."""
         return self.piece_upto is not None or self.pieces_done > 0
-
-    @property
-    def keeps_slot(self) -> bool:
-        """It counts as a slot user (rule 12): it has one, or it is a split turn, which was let go
-        as a short turn is (for a slot that was free), its first piece at once."""
-        return self.has_slot or self.split
 
     def piece_end(self, piece: int) -> int:
         """Where its next piece of about `piece` tokens ends (rule 17: a first piece reaches
@@ -88,16 +79,15 @@ class HeldRequest:
         return self.rest, self.req.now
 
     @classmethod
-    def for_request(cls, req: Arrived, max_hold_s: float, *, split: bool = False) -> HeldRequest:
+    def for_request(cls, req: Arrived, max_hold_s: float) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, waiting_since=req.now,
-                   split=split)
+        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, waiting_since=req.now)
 
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and
         why the batch cost chose larger pieces or a hold if it did."""
         if self.pieces_done == 0:
-            text = why if self.split else f"cold, {why}"
+            text = f"cold, {why}"
         else:
             text = f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)"
         choice = self.choice

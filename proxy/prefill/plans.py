@@ -22,7 +22,6 @@ from proxy.prefill.strategy import (
     background_piece,
     catch_up_piece,
     choose_piece,
-    split_piece,
 )
 
 Release = tuple[HeldRequest, Admit | Forward]
@@ -46,7 +45,7 @@ class Server:
 
     def takes(self, held: HeldRequest) -> bool:
         """Whether a plan may use the server now: it keeps a slot, or one is free."""
-        return held.keeps_slot or self.free_slots is None or self.free_slots > 0
+        return held.has_slot or self.free_slots is None or self.free_slots > 0
 
 
 class ColdPlans:
@@ -69,13 +68,8 @@ class ColdPlans:
         return sum(1 for p in self.held.values() if p.piece_upto is not None)
 
     def slots_kept(self) -> int:
-        """Slots the plans use or keep (rule 12): one per plan a piece of which went, and one per
-        split turn (rule 18)."""
-        return sum(1 for p in self.held.values() if p.keeps_slot)
-
-    def cold(self) -> int:
-        """The plans of cold requests (rule 4's line, bounded by `max_waiting`): not split turns."""
-        return sum(1 for p in self.held.values() if not p.split)
+        """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
+        return sum(1 for p in self.held.values() if p.has_slot)
 
     def slots_owed(self, server: Server, now: float) -> int:
         """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
@@ -86,7 +80,7 @@ class ColdPlans:
             return 0
         cost, n_batch = server.cost.cost, server.n_batch
         return sum(1 for p in self.held.values()
-                   if not p.keeps_slot and p.due_at(cost, n_batch) <= now
+                   if not p.has_slot and p.due_at(cost, n_batch) <= now
                    and (p.hold_until is None or p.hold_until <= now))
 
     # ---- events ------------------------------------------------------------------------------
@@ -103,8 +97,6 @@ class ColdPlans:
         held.pieces_done += 1
         held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        if held.split:
-            return True  # rule 18: back to back; a cold plan's pause stays as it was
         share = server.cfg.prefill_share if held.req.background else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
             server.use.cells())
@@ -159,8 +151,6 @@ class ColdPlans:
         cost, n_batch = server.cost.cost, server.n_batch
 
         def key(plan: HeldRequest) -> tuple[int, float, float]:
-            if plan.split:  # rule 18: a short turn, which would have gone at once
-                return (-1, plan.req.now, 0.0)
             due = plan.due_at(cost, n_batch)
             return (0, due, 0.0) if due <= now else (1, *plan.rest_key())
 
@@ -177,8 +167,6 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
-        if held.split:
-            return split_piece(server.cost.cost, situation, knobs)
         if held.req.background:
             return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:
@@ -189,8 +177,6 @@ class ColdPlans:
 
     def _defer_step(self, server: Server, now: float) -> Release | None:
         for held in self.held.values():
-            if held.split:  # split in `chunk` before a reload to `defer`: a short turn
-                return held, held.release("prefill.mode defer (reload)")
             if now >= held.deadline:
                 return held, Admit(held.req.req_id, "held prefill.max_hold_s")
         if server.use or server.other_piece:
@@ -199,11 +185,8 @@ class ColdPlans:
         return held, Admit(held.req.req_id, "held until others finished")
 
     def _piece_waits(self, server: Server, held: HeldRequest, now: float) -> bool:
-        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind); a
-        split turn only the others' prompts (rule 18)."""
+        """Rules 6 and 8: the pause after the last piece, and others' prompts (unless behind)."""
         use = server.use
-        if held.split:
-            return use.prefilling() or now < use.sent_grace_end()
         return now < self.next_piece_at or (not held.behind and (
             use.prefilling() or now < use.sent_grace_end()))
 
@@ -236,8 +219,6 @@ class ColdPlans:
             pieces = None  # an event (PieceDone, FirstToken, Finished) moves the plans on
         elif active.behind:
             pieces = self.next_piece_at
-        elif active.split:
-            pieces = None if server.use.prefilling() else server.use.sent_grace_end()
         elif server.use.prefilling():
             pieces = None
         else:

@@ -10,7 +10,7 @@ import dataclasses
 
 from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCostModel
-from proxy.prefill.cold import split_reason, stall_reason
+from proxy.prefill.cold import stall_reason
 from proxy.prefill.events import (
     Admit,
     Arrived,
@@ -33,7 +33,6 @@ from proxy.prefill.restores import wait_s
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.slot_line import SlotLine
 from proxy.prefill.snapshot import PolicySnapshot
-from proxy.prefill.strategy import Strategy
 from proxy.record.flight import Phase
 
 STUCK_PAUSE_S = 0.05
@@ -167,16 +166,6 @@ class PrefillPolicy:
         taking the slot of a plan fed in pieces (bench day: `bob-0`'s 128-token first piece, 23
         tokens shared, took `ann-0`'s slot, and ann's 1,998 tokens cost 2,496-2,624 computed).
         Past the floor it goes where the whole prompt would.
-    18. `chunk`, while others generate: a request that is not cold (rule 1), with at least
-        MIN_SPLIT_TOKENS new tokens, whose batch sent whole the measured cost predicts would stall
-        them over SPLIT_STALLS × `max_stall_ms` (cold.py), is split: fed in pieces back to back
-        (the strategy's rule 9), then sent, so that they wait one piece at a time rather than its
-        whole prompt (bench day: turns of 250-650 tokens sent whole beside four streams on one
-        shared KV froze them 1.3-1.6 s, everyone's longest gap). It is let go as a short turn is:
-        it takes a slot from then on (rule 12), its pieces go first of all plans', with no pause
-        after them and yielding only to others' prompts (rule 8), and it is never held, caught up
-        or counted in `max_waiting`. It goes whole when the strategy finds no pieces that pay, and
-        after a restore (rule 14: it must start in the restored slot).
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -218,7 +207,7 @@ class PrefillPolicy:
             return []
         req = waiting.req
         decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now,
-                                       background=req.background), now, restored=True)
+                                       background=req.background), now)
         if any(isinstance(d, Admit) and d.req_id == req_id for d in decided):
             self._line.land(req_id, now)
         return [*decided, *self._advance(now)]
@@ -369,10 +358,8 @@ class PrefillPolicy:
 
     # ---- arrivals and releases ---------------------------------------------------------------
 
-    def _arrive(self, req: Arrived, now: float, *, restored: bool = False) -> list[Decision]:
-        """Rules 1-4 for a request arriving (or back from a restore, or from behind one).
-        `restored`: its kept KV is in a slot now: it goes whole, never split (rule 18), so that
-        it starts its prompt in that slot before anybody else is sent (rule 14)."""
+    def _arrive(self, req: Arrived, now: float) -> list[Decision]:
+        """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
         if req.background and self._slots_scarce():
             req = dataclasses.replace(req, background=False)  # rule 1: no slot to spare
@@ -380,22 +367,21 @@ class PrefillPolicy:
         by_stall = (None if self._cfg.mode == "off" or by_tokens
                     else stall_reason(self._cfg, self._cost, req, self._n_batch,
                                       self._use.decoders(), self._use.cells()))
-        if by_stall is not None and self._plans.cold() > self._cfg.max_waiting:
+        if by_stall is not None and len(self._plans) > self._cfg.max_waiting:
             by_stall = None  # cold by its stall only: sent whole rather than refused
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
         taken = self._taken()
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
             return [Hold(req_id, self._line.hold(req))]
         if goes_now:
-            split = None if restored else self._split(req, now)
-            return split if split is not None else self._admit(
-                req, "prefill.mode off" if self._cfg.mode == "off" else "not cold", now)
+            return self._admit(req, "prefill.mode off" if self._cfg.mode == "off"
+                               else "not cold", now)
         idle = not (self._plans or self._use or self._warm_pieces or self._saving)
         if idle and self._cfg.mode == "defer":
             return self._admit(req, "cold, nobody generating", now)
-        if self._plans.cold() > self._cfg.max_waiting:
+        if self._plans and len(self._plans) > self._cfg.max_waiting:
             self._notes.pop(req_id, None)
-            return [Reject(req_id, f"{self._plans.cold() - 1} cold requests already waiting "
+            return [Reject(req_id, f"{len(self._plans) - 1} cold requests already waiting "
                                    f"(prefill.max_waiting = {self._cfg.max_waiting})")]
         why = ("nobody generating: fed in pieces back to back" if idle
                else "waiting for its turn" if self._plans else "others generating" if self._use
@@ -408,20 +394,6 @@ class PrefillPolicy:
         if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
             return decided  # released at once (rule 7: short enough to go whole)
         return [Hold(req_id, why), *decided]
-
-    def _split(self, req: Arrived, now: float) -> list[Decision] | None:
-        """Rule 18: a short turn that would stall the streams goes in pieces back to back, when
-        the strategy finds pieces that pay; None: it goes whole."""
-        why = split_reason(self._cfg, self._cost, req, self._n_batch, self._use.decoders(),
-                           self._use.cells())
-        if why is None:
-            return None
-        plan = HeldRequest.for_request(req, self._cfg.max_hold_s, split=True)
-        if self._plans.choice(self._server(), plan).strategy is not Strategy.PIECES:
-            return None
-        self._notes[req.req_id] = self._noted(req.req_id, why)
-        self._plans.held[req.req_id] = plan
-        return [Hold(req.req_id, "split: fed in pieces back to back"), *self._advance(now)]
 
     def _admit(self, req: Arrived, reason: str, now: float) -> list[Decision]:
         self._use.sent(req.req_id, now, req.est_prompt_tokens)

@@ -57,9 +57,6 @@ tokens (`bench pieces`, `-np 4 -kvu`) 64-token pieces take 186 ms and use the se
 whole prompt's rate, 128-token ones 302 ms at ~7/8."""
 TRADE_KNEE = 0.05
 """Rule 5: a larger piece is worth its longer batch only while it gains more than this in trade."""
-SPLIT_SLOWER = 1.5
-"""Rule 9: a short turn goes in pieces back to back only while they are predicted to take at most
-this × its rest sent whole (each piece pays the batch's fixed part and the context read again)."""
 
 
 class Strategy(enum.Enum):
@@ -214,26 +211,6 @@ def background_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> Piec
     return _choice(Strategy.PIECES, n, n_ms, outlook, off,
                    f"a background job: {n}-token pieces of ~{_dur(n_ms)} (max_stall_ms "
                    f"{knobs.max_stall_ms:g}){_keeps(outlook)}")
-
-
-def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoice:
-    """Rule 9: a short turn cut so that the streams wait one piece at a time, not its whole prompt
-    (bench day: turns of 250-650 tokens sent whole beside four streams on one shared KV froze them
-    1.3-1.6 s, everyone's longest gap). Pieces go back to back: nobody is owed a pause, since the
-    turn's own user waits for them."""
-    _check(sit, knobs)
-    off = off_outlook(cost, sit, knobs)
-    n = fitting_piece(cost, sit, replace(knobs, max_stall_ms=STRETCH * knobs.max_stall_ms))
-    if sit.remaining_tokens <= n:
-        return _whole(off, "rest fits one piece")
-    outlook = pieces_outlook(cost, n, sit, knobs, pauses=False)
-    slower = outlook.compute_ms / max(off.compute_ms, 1e-9)
-    if slower > SPLIT_SLOWER:
-        return _whole(off, f"{n}-token pieces back to back would take ~{slower:.1f}× the rest whole")
-    n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
-    return _choice(Strategy.PIECES, n, n_ms, outlook, off,
-                   f"a short turn: {n}-token pieces of ~{_dur(n_ms)} back to back (max_stall_ms "
-                   f"{knobs.max_stall_ms:g}), ~{slower:.2f}× its time whole")
 
 
 def _stretch(cost: BatchCost, fit: int, first: Outlook, sit: Situation,
