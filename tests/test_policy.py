@@ -569,6 +569,34 @@ class TestRule6ColdBudget:
         assert choice is not None and choice.strategy is Strategy.CATCH_UP
         assert choice.reason.startswith("behind max_cold_factor (2.5× its time alone); caught up")
 
+    def test_once_behind_it_stays_in_catch_up_pieces_to_its_end(self) -> None:
+        """Each batch pays 200 ms before its first token: a catch-up piece, larger, puts the rest
+        back within the bound at its own size, not at the fitting piece's. Back in fitting
+        pieces it would fall behind again at once (bench day: 64-token pieces, catch-up, 64
+        again, 17 pieces, 4.3× alone); it goes on in catch-up pieces to its end."""
+        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
+                            max_cold_factor=2.5)
+        cost = BatchCostModel(BatchCost(fixed_ms=200.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
+                                        per_decoder_ms=0.0))
+        p = PrefillPolicy(cfg, cost=cost)
+        busy(p)
+        [_, first] = p.on_arrival("c", 5000, 5000, 0.0)
+        assert isinstance(first, FeedPiece)
+        p.on_piece_done("c", first.upto_tokens, 200.0 + first.upto_tokens, 6.0)  # held up: behind
+        done, now, strategies = first.upto_tokens, 6.0, list[Strategy]()
+        for _ in range(3):
+            now = p.next_wakeup() or now
+            [piece] = p.on_tick(now)
+            assert isinstance(piece, FeedPiece)
+            choice = p.snapshot().choice
+            assert choice is not None
+            strategies.append(choice.strategy)
+            tokens = piece.upto_tokens - done
+            now += (200.0 + tokens) / 1000.0
+            p.on_piece_done("c", tokens, 200.0 + tokens, now)
+            done = piece.upto_tokens
+        assert strategies == [Strategy.CATCH_UP] * 3
+
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
         busy(p)

@@ -28,8 +28,8 @@ class HeldRequest:
     choice: PieceChoice | None = None
     """`chunk`: how the batch cost said it should go on, last time it was asked."""
     behind: bool = False
-    """`chunk`: it has fallen behind `max_cold_factor`: no pause, and it no longer yields to others'
-    prompts (rules 6 and 8)."""
+    """`chunk`: it has fallen behind `max_cold_factor`: from then on to its end, catch-up pieces
+    with BEHIND_SHARE's short pauses, and it no longer yields to others' prompts (rules 6 and 8)."""
     hold_until: float | None = None
     """`chunk`: held until then because no piece size helped (the strategy's HOLD)."""
     caught_up: str | None = None

@@ -100,7 +100,7 @@ class ColdPlans:
         share = server.cfg.prefill_share if held.req.background else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
             server.use.cells())
-        held.behind = share >= 1.0
+        held.behind = held.behind or share >= 1.0  # once behind, to its end (rule 6)
         if held.choice is not None and held.choice.strategy is Strategy.CATCH_UP:
             share = BEHIND_SHARE
         self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))

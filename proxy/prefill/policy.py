@@ -93,7 +93,10 @@ class PrefillPolicy:
         `max_cold_factor` × its time alone (BEHIND_SHARE after a CATCH_UP piece), but never above
         BEHIND_SHARE: a request behind its bound shortens the streams' pauses, never removes
         them, and goes on in the strategy's catch-up pieces (larger ones, its rule 8), so their
-        longest gap stays about one piece. WHOLE (the rest
+        longest gap stays about one piece; to its end: after a catch-up piece the bound looks
+        met again, but only at that piece size, and back in fitting pieces it fell behind again
+        at once (bench day, `-np 5`: `ann-5` after her summary went 64-token pieces, catch-up,
+        64 again, 17 pieces in all, 6.5 s to her first token, 4.3× her time alone). WHOLE (the rest
         fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
         plan is held like `defer` until the hold the strategy chose ends or nobody generates
         (rule 7); the other plans go on meanwhile; but a rest under `cold_tokens` is never held
