@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
@@ -51,6 +52,19 @@ def server(llama_server_binary: Path, tiny_model: Any, tmp_path_factory: pytest.
     with LlamaServer(tiny_model.model, lora=None, args=["-np", "3", "-c", "24576"],
                      binary=llama_server_binary, log_path=log) as running:
         yield running
+
+
+def wait_in_flight(url: str, count: int, timeout_s: float = 10.0) -> None:
+    """Until slotwise counts `count` requests in flight (its /metrics)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = call("GET", url + "/metrics").content.decode()
+        now = sum(s.value for family in text_string_to_metric_families(text)
+                  for s in family.samples if s.name == "slotwise_requests_in_flight")
+        if now == count:
+            return
+        assert time.monotonic() < deadline, f"slotwise still counts {now} requests in flight"
+        time.sleep(0.02)
 
 
 class Stream:
@@ -324,6 +338,9 @@ def test_a_background_job_is_fed_in_pieces_where_a_chat_turn_goes_whole(
     stream = Stream(proxy.url)
     try:
         chat = call("POST", proxy.url + "/v1/chat/completions", cold_body(32, 60))
+        # the client has the whole answer a moment before slotwise closes the request; the turn
+        # still counted, the job would take the last free slot of three and go as a turn
+        wait_in_flight(proxy.url, 1)
         job = call("POST", proxy.url + "/v1/chat/completions", cold_body(33, 60),
                    headers={"X-Slotwise-Purpose": "translation"})
     finally:
