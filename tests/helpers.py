@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import Config, parse_config
 from proxy.record.flight import Flight
@@ -92,3 +93,9 @@ def make_flight(name: str, now: float, kind: Kind = Kind.CHAT, *, stream: bool =
     """A request's `Flight` as the handler makes it at arrival, for the tests of what reads it."""
     return Flight(id=name, kind=kind, method="POST", endpoint=f"/{kind}", wall_start=0.0,
                   config_gen=1, timer=RequestTimer(arrived=now), stream=stream, **facts)
+
+
+def in_flight_by_phase(metrics_text: str) -> dict[str, float]:
+    """slotwise's `slotwise_requests_in_flight` gauge, by phase, from a /metrics scrape."""
+    return {s.labels["phase"]: s.value for family in text_string_to_metric_families(metrics_text)
+            for s in family.samples if s.name == "slotwise_requests_in_flight"}

@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
@@ -28,7 +27,7 @@ from proxy.testbed.words import WORDS as SHARED_WORDS
 from proxy.testbed.words import filler
 from tests.conftest import StartProxy
 from tests.helpers import http as call
-from tests.helpers import read_records
+from tests.helpers import in_flight_by_phase, read_records
 
 pytestmark = pytest.mark.real_server
 
@@ -59,8 +58,7 @@ def wait_in_flight(url: str, count: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         text = call("GET", url + "/metrics").content.decode()
-        now = sum(s.value for family in text_string_to_metric_families(text)
-                  for s in family.samples if s.name == "slotwise_requests_in_flight")
+        now = sum(in_flight_by_phase(text).values())
         if now == count:
             return
         assert time.monotonic() < deadline, f"slotwise still counts {now} requests in flight"

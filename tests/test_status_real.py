@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.runner import ProxyThread
 from proxy.testbed.server import LlamaServer
+from tests.helpers import in_flight_by_phase
 from tests.test_status import browse, chromium, get_status
 
 pytestmark = pytest.mark.real_server
@@ -119,5 +119,4 @@ async def get_status_once(url: str) -> dict[str, Any]:
 async def in_flight_gauges(url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
         text = await response.text()
-    return {s.labels["phase"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "slotwise_requests_in_flight"}
+    return in_flight_by_phase(text)
