@@ -350,5 +350,6 @@ def test_a_background_job_is_fed_in_pieces_where_a_chat_turn_goes_whole(
     [translation] = [r for r in records if r["purpose"] == "translation"]
     assert 256 <= turn["est_new_tokens"] < 512
     assert turn["prefill_plan"] == "none" and turn["pieces"] == 0, turn["policy_note"]
-    assert translation["prefill_plan"] == "chunked" and translation["pieces"] >= 2, translation
+    assert translation["prefill_plan"] == "chunked" and translation["pieces"] >= 2, (
+        translation["policy_note"], translation["est_new_tokens"], translation["inflight_at_start"])
     assert "cold: a background job: sent whole, its" in translation["policy_note"]
