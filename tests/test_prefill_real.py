@@ -326,20 +326,22 @@ def test_two_cold_prompts_sharing_a_system_prompt_keep_each_other_s_pieces(
 
 def test_a_background_job_is_fed_in_pieces_where_a_chat_turn_goes_whole(
         server: LlamaServer, start_proxy: StartProxy) -> None:
-    """`background_purposes = ["translation"]`: beside a stream, a ~400-token translation that
+    """`background_purposes = ["translation"]`: beside a stream, a ~450-token translation that
     would stall it over 2 × `max_stall_ms` is fed in pieces; a chat turn of the same size (under
-    `cold_tokens` and 512 new tokens) goes whole."""
+    `cold_tokens` and 512 new tokens) goes whole. (The size keeps the translation's batch, sent
+    whole, near twice the 20 ms limit on the tiny model: ~300 tokens took 24 ms, and the fitted
+    cost sometimes predicted it under the limit.)"""
     proxy = start_proxy(server.url, **prefill("chunk", cold_tokens=100_000, max_stall_ms=10.0,
                                               background_purposes=["translation"]))
     # with nobody generating, a ~950-token prompt: the batch cost has measured the server
     assert call("POST", proxy.url + "/v1/chat/completions", cold_body(31, 150)).status_code == 200
     stream = Stream(proxy.url)
     try:
-        chat = call("POST", proxy.url + "/v1/chat/completions", cold_body(32, 60))
+        chat = call("POST", proxy.url + "/v1/chat/completions", cold_body(32, 90))
         # the client has the whole answer a moment before slotwise closes the request; the turn
         # still counted, the job would take the last free slot of three and go as a turn
         wait_in_flight(proxy.url, 1)
-        job = call("POST", proxy.url + "/v1/chat/completions", cold_body(33, 60),
+        job = call("POST", proxy.url + "/v1/chat/completions", cold_body(33, 90),
                    headers={"X-Slotwise-Purpose": "translation"})
     finally:
         stream.close()
