@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.config import PrefillConfig, WarmConfig
 from proxy.prefill.outlook import BEHIND_SHARE
 from proxy.record.outcome import Outcome
 
@@ -27,6 +28,13 @@ class WarmKnobs:
     prefill_share: float = 0.55
     """The share of time a warm-up's pieces take while others generate (the pause after each,
     as `chunk`'s): `warm_share` of the prefill policy's."""
+
+
+def warm_knobs(warm: WarmConfig, prefill: PrefillConfig) -> WarmKnobs:
+    """The queue's knobs from the config's `[warm]` and `[prefill]` (the warmer's, the what-if's)."""
+    return WarmKnobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
+                     expire_s=warm.expire_s, max_per_client=warm.max_per_client,
+                     prefill_share=warm_share(prefill.prefill_share))
 
 
 def warm_share(prefill_share: float) -> float:

@@ -36,7 +36,7 @@ from proxy.warm.values import (
     WarmDecision,
     WarmKnobs,
     WarmUp,
-    warm_share,
+    warm_knobs,
 )
 
 log = logging.getLogger("slotwise.warm")
@@ -93,10 +93,7 @@ class Warmer:
         return self._state.config.access.isolates_caches
 
     def knobs(self) -> WarmKnobs:
-        warm, prefill = self._state.config.warm, self._state.config.prefill
-        return WarmKnobs(max_pending=warm.max_pending, max_tokens=warm.max_tokens,
-                     expire_s=warm.expire_s, max_per_client=warm.max_per_client,
-                     prefill_share=warm_share(prefill.prefill_share))
+        return warm_knobs(self._state.config.warm, self._state.config.prefill)
 
     # ---- the HTTP side -----------------------------------------------------------------------------
 

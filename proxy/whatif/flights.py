@@ -1,8 +1,8 @@
 """The records a replay writes, made the way slotwise makes them: each request's `Flight` moved
 through the real `Registry` (who is in flight, whose prefill overlapped whom) at the simulated
 times, as the observer moves it for what the server sends, and `build_record` at its end; kept KV's
-restores and saves by the keeper's own `kv_flight`. So a what-if's log has every field of the
-record, in its format, computed by the same code.
+restores and saves by the keeper's own `kv_flight`, warm-ups by the warmer's `warm_record`. So a
+what-if's log has every field of the record, in its format, computed by the same code.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from proxy.record.outcome import Outcome
 from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.report.records import num
+from proxy.request.errors import ProxyError
+from proxy.warm.record import warm_record
+from proxy.warm.values import WarmUp
 from proxy.whatif.requests import Job
 from proxy.whatif.slots import Task
 
@@ -35,7 +38,8 @@ class Witness:
             id=job.id, kind=Kind(str(rec.get("kind"))), method=str(rec.get("method") or "POST"),
             endpoint=str(rec.get("endpoint") or ""), wall_start=now,
             config_gen=int(num(rec, "config_gen") or 1), timer=RequestTimer(arrived=now),
-            client=job.client, purpose=_text(rec.get("purpose")), node=_text(rec.get("node")))
+            client=job.client, purpose=text_or_none(rec.get("purpose")),
+            node=text_or_none(rec.get("node")))
         flight.stream, flight.bytes_in = job.stream, int(num(rec, "bytes_in") or 0)
         flight.lora_in, flight.lora_out, flight.lora_rewritten = job.lora_in, lora_out, rewritten
         flight.progress_added = rec.get("progress_added") is True
@@ -109,6 +113,23 @@ class Witness:
         flight.kv_tokens, flight.restored_tokens = tokens, restored
         self.records.append(kv_record(flight, end))
 
+    def warm_ended(self, flight: Flight, warm: WarmUp | None, now: float) -> None:
+        """A warm-up's one record, as the warmer writes it when it ends (`warm` None: its call was
+        refused, the flight says why)."""
+        flight.timer.on_end(now)
+        if warm is not None:
+            flight.status = 202
+        if flight.prefill_start is not None:  # its prefill ended with its last piece
+            flight.prefill_end = flight.timer.prefill_done or now
+            self.registry.finish(flight, now)
+        if self._build:
+            self.records.append(warm_record(flight, warm))
+
+    @staticmethod
+    def warm_refused(flight: Flight, error: ProxyError) -> None:
+        """The call's answer, as the warm-up route writes it on its flight (`request/trip.py`)."""
+        flight.outcome, flight.error, flight.status = error.outcome, error.message, error.status
+
     def _end(self, flight: Flight, now: float) -> None:
         flight.timer.on_end(now)
         self.registry.finish(flight, now)
@@ -146,5 +167,6 @@ def pick(times: Sequence[float], events: int) -> list[float]:
     return [times[round(i * (n - 1) / (events - 1))] for i in range(events)]
 
 
-def _text(value: object) -> str | None:
+def text_or_none(value: object) -> str | None:
+    """A logged field that should be a string, else None."""
     return value if isinstance(value, str) else None

@@ -17,10 +17,12 @@ from proxy.prefill.events import (
     FeedPiece,
     Forward,
     Hold,
+    Load,
     Reject,
     Restorable,
     Restore,
     Save,
+    Sizer,
 )
 from proxy.prefill.policy import PrefillPolicy
 from proxy.record.flight import Phase
@@ -40,14 +42,15 @@ Action = Send | Hold | FeedPiece | Reject | CancelPiece | Restore | Save
 
 
 class PolicySeam:
-    """Mode `off` without kept KV admits every request at once (the policy's rule 2) and decides
-    nothing else, so there the seam answers itself: the fits the policy would make of every
-    finished prefill (most of a replay's time) change no decision. With kept KV (`keep`) the
-    policy decides restores and saves in every mode (its rules 14 and 16), as in the gate."""
+    """Mode `off` without kept KV or warm-ups admits every request at once (the policy's rule 2)
+    and decides nothing else, so there the seam answers itself: the fits the policy would make of
+    every finished prefill (most of a replay's time) change no decision. With kept KV (`keep`) the
+    policy decides restores and saves in every mode (its rules 14 and 16), and with warm-ups
+    (`warm`) it gives their queue its load and piece sizes (rule 15), as in the gate."""
 
     def __init__(self, config: PrefillConfig, n_batch: int, slots: int, *,
-                 keep: bool = False) -> None:
-        self.estimates = config.mode != "off" or keep
+                 keep: bool = False, warm: bool = False) -> None:
+        self.estimates = config.mode != "off" or keep or warm
         self._config = config
         """Arrivals come with their estimate (and a kept file), as the gate's do."""
         self._policy = PrefillPolicy(config, n_batch=n_batch) if self.estimates else None
@@ -98,6 +101,25 @@ class PolicySeam:
         if self._policy is None:
             return []
         return self._actions(self._policy.on_piece_done(key, tokens, batch_ms, now))
+
+    def warm_load(self, now: float) -> Load:
+        """Rule 15: what real requests are doing, for the warm-up queue (with `warm` only)."""
+        assert self._policy is not None, "warm-ups are ticked only with a policy (warm=True)"
+        return self._policy.warm_load(now)
+
+    def warm_sizer(self) -> Sizer:
+        assert self._policy is not None, "warm-ups are ticked only with a policy (warm=True)"
+        return self._policy.warm_sizer()
+
+    def warm_pieces(self, in_flight: int, now: float) -> list[Action]:
+        """How many warm-up pieces are in flight now (a slot user each, and the piece in flight)."""
+        return [] if self._policy is None else self._actions(
+            self._policy.on_warm_pieces(in_flight, now))
+
+    def warm_piece_done(self, prompt_n: int, cache_n: int, batch_ms: float) -> None:
+        """A warm-up's piece teaches the batch cost (rules 9, 15)."""
+        if self._policy is not None:
+            self._policy.on_warm_piece_done(prompt_n, cache_n, batch_ms)
 
     def client_left(self, key: str, now: float) -> list[Action]:
         if self._policy is None:

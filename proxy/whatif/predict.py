@@ -154,7 +154,7 @@ def same_tasks(whatif: Settings, recorded: Settings) -> bool:
     return dataclasses.replace(whatif.config, prefill=prefill) == recorded.config
 
 
-MODELLED_TABLES = ("prefill", "lora", "keep_kv")
+MODELLED_TABLES = ("prefill", "lora", "keep_kv", "warm")
 """The slotwise tables the replay follows; a key of another table changes nothing in it."""
 
 
@@ -177,9 +177,14 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
                      f"logged ({', '.join(workload.guessed[:5])}) replayed with the median prompt, "
                      "nothing cached; those with no first token either hold their place and are "
                      "never computed")
-    if workload.warmups:
-        notes.append(f"warm-ups: not modelled: {workload.warmups} records of them left out; what "
-                     "they computed is computed by the requests")
+    warmups = len(workload.warm_records)
+    if warmups and whatif.config.warm.enabled:
+        notes.append(f"warm-ups: the {warmups} the log shows are asked for again (after their "
+                     "client's previous request, as then) and slotwise's warm-up queue runs them; "
+                     "a kept file is never restored for one")
+    elif warmups:
+        notes.append(f"warm.enabled off: the {warmups} warm-up calls the log shows are refused; "
+                     "what they computed is computed by the requests")
     others = sorted({k for k in whatif.changed if "." in k
                      and k.split(".", 1)[0] not in MODELLED_TABLES})
     if others:

@@ -8,6 +8,7 @@ adds one more. Pure values; `lcp` is llama-server's `get_common_prefix` on them.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 Segment = tuple[int, int]
@@ -42,6 +43,19 @@ class Seq:
 
 
 EMPTY = Seq()
+
+SEGMENT_SPAN = 1 << 24
+"""Token ids per segment in `token_ids` (a segment is never this long)."""
+
+
+def token_ids(seq: Seq) -> array[int]:
+    """Made-up token ids for `seq` that two sequences share exactly where `lcp` says they do: for
+    code that compares real ids (the warm-up queue's conversations)."""
+    ids = array("l")
+    for sid, size in seq.segs:
+        base = sid * SEGMENT_SPAN
+        ids.extend(range(base, base + size))
+    return ids
 
 
 def lcp(a: Seq, b: Seq) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy.config import KeepKvConfig
+from proxy.record.kind import Kind
 from proxy.report.records import RecordLine, num
 from proxy.whatif.kept import shows_keep
 
@@ -55,6 +56,8 @@ def _prefill_mode(records: Iterable[RecordLine], *, keep: bool) -> str:
     every request has one in any mode: then only when one says it was cold); else `off`."""
     mode = "off"
     for record in records:
+        if record.get("kind") == Kind.WARM:  # a warm-up has pieces in every mode
+            continue
         if record.get("pieces") or record.get("prefill_plan") == "chunked":
             return "chunk"
         if record.get("est_new_tokens") is not None and (

@@ -2,9 +2,10 @@
 the server model, one clock for both; what happens becomes their records.
 
 One loop over one heap of timed events (arrivals, sends after slotwise's own time, pieces, clients
-leaving, the policy's wake-ups, saves of kept KV coming due) and the server model's boundaries,
-always the earlier first; the server runs quiet decode stretches up to the next event in one go.
-Kept KV's restores and saves are keeping.py's. Pure: the clock is simulated.
+leaving, the policy's wake-ups, saves of kept KV coming due, warm-up calls) and the server model's
+boundaries, always the earlier first; the server runs quiet decode stretches up to the next event
+in one go. Kept KV's restores and saves are keeping.py's, warm-ups warming.py's (their queue has
+its turn after every event, as in the gate's loop). Pure: the clock is simulated.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from proxy.whatif.server import (
 )
 from proxy.whatif.settings import Settings
 from proxy.whatif.slots import Task
+from proxy.whatif.warming import Warming
+from proxy.whatif.warmjobs import warm_jobs
 
 QUIET_REASONS = ("not cold", "prefill.mode off")
 """Admission reasons the gate leaves out of `policy_note` (proxy/prefill/gate.py)."""
@@ -73,8 +76,10 @@ class Replay:
         self.server = ServerModel(settings.server, costs)
         self.server.preload(workload.before_log, workload.used_before)
         self.witness = Witness(build=records)
+        self.warm_plan = warm_jobs(workload.warm_records, workload.jobs)
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
-                                 keep=cfg.keep_kv.enabled)
+                                 keep=cfg.keep_kv.enabled,
+                                 warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._seq = itertools.count()
@@ -85,18 +90,22 @@ class Replay:
         self._ticked_at = 0.0
         self._found: dict[str, int] = {}
         self._now = 0.0
-        self._next_turns: dict[str, list[Job]] = {}
-        """Requests sent after the one they name ended, by its id (requests.py, `Job.after`)."""
+        self._next_turns: dict[str, list[tuple[float, Callable[[float], None]]]] = {}
+        """What a client sends after the request it names ended, by its id, with its pause:
+        requests (requests.py, `Job.after`) and warm-up calls (`WarmJob.after`)."""
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
+        self.warming = Warming(cfg, self.server, self.policy, self.witness, self.loras, self._apply,
+                               self._at, costs.piece_ms / 2000.0)
+        self._warm_wake: float | None = None
         self.witness.registry.subscribe(self._on_phase)
 
     def run(self) -> Outcome:
         for job in self.work.jobs:
-            if job.after is None:
-                self._at(job.arrival, functools.partial(self._arrive, job))
-            else:
-                self._next_turns.setdefault(job.after, []).append(job)
+            self._when(job.after, job.arrival, job.think_s, functools.partial(self._arrive, job))
+        for warm in self.warm_plan.jobs:
+            self._when(warm.after, warm.arrival, warm.think_s,
+                       functools.partial(self.warming.arrive, warm))
         for save in self.keeping.saves:
             self._at(save.at, functools.partial(self.keeping.save_due, save))
         server = self.server
@@ -105,7 +114,7 @@ class Replay:
             t_srv = server.next_at
             if t_srv is not None and t_srv <= t_ext:
                 self._now = t_srv
-                for happening in server.boundary(t_ext):
+                for happening in server.boundary(None):  # what they bring may come sooner
                     self._happened(happening)
             elif self._heap:
                 t, _, act = heapq.heappop(self._heap)
@@ -115,8 +124,14 @@ class Replay:
                 break
             if self.keeping.waiting:
                 self.keeping.try_saves(self._now)
+            if self.warming.active:
+                self.warming.tick(self._now)
             self._schedule_tick()
+            server.stretch(self._heap[0][0] if self._heap else float("inf"))
         notes = [self.loras.note] if self.loras.note else []
+        if self.warm_plan.unplaced:
+            notes.append(f"warm-ups: {len(self.warm_plan.unplaced)} left out (no size logged, or no "
+                         f"later request of their client): {', '.join(self.warm_plan.unplaced[:5])}")
         return Outcome(self.witness.records, server.batches, self.policy.cost_summary(),
                        dict(self.policy.unknown), notes, self._found)
 
@@ -131,6 +146,16 @@ class Replay:
         if job.patience_s is not None:
             leaves = job.cut_at if job.cut_at is not None else now + job.patience_s
             self._at(max(now, leaves), lambda t: self._gone(live, t))
+        if self.warming.enabled and self.warm_plan.jobs:  # as the gate: before the estimate
+            self.warming.claim(job, flight, now, lambda t: self._estimate(live, t))
+        else:
+            self._estimate(live, now)
+
+    def _estimate(self, live: _Live, now: float) -> None:
+        """The request's estimate, then the policy's say."""
+        if live.ended:
+            return
+        job, flight = live.job, live.flight
         if not self.policy.estimates:
             self._apply(self.policy.arrived(live.key, 0, 0, now), now)
             return
@@ -221,8 +246,16 @@ class Replay:
     def _finish(self, live: _Live, now: float) -> None:
         """Its client has what it gets: its next turn comes the client's own time later."""
         live.ended = True
-        for job in self._next_turns.pop(live.job.id, ()):
-            self._at(now + job.think_s, functools.partial(self._arrive, job))
+        for think_s, act in self._next_turns.pop(live.job.id, ()):
+            self._at(now + think_s, act)
+
+    def _when(self, after: str | None, arrival: float, think_s: float,
+              act: Callable[[float], None]) -> None:
+        """At its logged time, or `think_s` after the request it followed ends in the replay."""
+        if after is None:
+            self._at(arrival, act)
+        else:
+            self._next_turns.setdefault(after, []).append((think_s, act))
 
     # ---- the server side ------------------------------------------------------------------------
 
@@ -231,6 +264,9 @@ class Replay:
             self._loop_done(happening)
             return
         task = happening.task
+        if self.warming.active and self.warming.owns(task):
+            self.warming.happened(happening)
+            return
         live = self._live.get(task.key)
         if live is None or live.ended:
             return
@@ -287,6 +323,10 @@ class Replay:
         heapq.heappush(self._heap, (t, next(self._seq), act))
 
     def _schedule_tick(self) -> None:
+        warm = self.warming.next_wakeup(self._now)
+        if warm is not None and (self._warm_wake is None or warm < self._warm_wake):
+            self._warm_wake = warm  # an event then: the queue has its turn after every event
+            self._at(warm, self._warm_woke)
         wake = self.policy.next_wakeup()
         if wake is not None and wake == self._ticked_for:  # as the gate's loop: never back to back
             wake = max(wake, self._ticked_at + STUCK_PAUSE_S)
@@ -294,6 +334,10 @@ class Replay:
             return
         self._tick_at = wake = max(wake, self._now)
         self._at(wake, self._tick)
+
+    def _warm_woke(self, now: float) -> None:
+        if self._warm_wake is not None and now >= self._warm_wake:
+            self._warm_wake = None
 
     def _tick(self, now: float) -> None:
         if self._tick_at is not None and now < self._tick_at:

@@ -101,9 +101,9 @@ class Workload:
     """Records the what-if does not model, written out as they were."""
     dropped: int = 0
     """Records of slotwise's own work (warm-ups, saves, restores) left out as records (kept.py
-    reads the saves and restores)."""
-    warmups: int = 0
-    """Of them, warm-ups (not modelled)."""
+    reads the saves and restores, warmjobs.py the warm-ups)."""
+    warm_records: list[RecordLine] = field(default_factory=list)
+    """Of them, the warm-ups'."""
     before_log: list[Seq] = field(default_factory=list)
     """Sequences some prompt found cached that no earlier request in the log explains."""
     returns: int = 0
@@ -143,7 +143,8 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
         kind = record.get("kind")
         if kind in OWN_KINDS:
             work.dropped += 1
-            work.warmups += kind == Kind.WARM
+            if kind == Kind.WARM:
+                work.warm_records.append(record)
             continue
         client = record.get("client")
         previous = last.get(client) if isinstance(client, str) else None

@@ -102,7 +102,9 @@ class LoopDone:
     """The slot restored into; None for a save, or a restore that found no idle slot."""
 
 
-Happening = Started | FirstToken | Finished | Failed | LoopDone
+TaskHappening = Started | FirstToken | Finished | Failed
+"""What happens to a task."""
+Happening = TaskHappening | LoopDone
 
 
 @dataclass
@@ -125,6 +127,8 @@ class ServerModel:
         self._wake: float | None = None
         self._lora = "default"
         self._loop: list[LoopWork] = []
+        self._unstretched = False
+        """The batch just built is quiet and waits for `stretch`."""
         self.batches = 0
 
     # ---- the outside -----------------------------------------------------------------------
@@ -156,10 +160,11 @@ class ServerModel:
     def common(self, prompt: Seq) -> int:
         return self.table.common(prompt)
 
-    def boundary(self, horizon: float) -> list[Happening]:
+    def boundary(self, horizon: float | None) -> list[Happening]:
         """The batch in flight ends (or work came): its tokens, releases, restores and saves,
         queued tasks, the next batch. Quiet decode steps that end before `horizon` are run at
-        once."""
+        once; None: the caller first acts on what happened (which may bring work sooner than any
+        event it knew of), then calls `stretch`."""
         now = self.next_at
         if now is None:
             return []
@@ -182,8 +187,17 @@ class ServerModel:
             self._wake = now + spent_ms / 1000.0
         elif self._batch is not None and not looped and self._quiet(self._batch):
             # after a restore, one step: what it lets go (its request) is sent in reply to it
-            self._run_decode(self._batch, horizon)
+            if horizon is None:
+                self._unstretched = True
+            else:
+                self._run_decode(self._batch, horizon)
         return out
+
+    def stretch(self, horizon: float) -> None:
+        """`boundary(None)`'s quiet decode steps, now that the caller knows its next event."""
+        batch, wanted, self._unstretched = self._batch, self._unstretched, False
+        if wanted and batch is not None and self._quiet(batch):
+            self._run_decode(batch, horizon)
 
     # ---- one batch ---------------------------------------------------------------------------
 

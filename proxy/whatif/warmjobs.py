@@ -1,0 +1,78 @@
+"""The warm-ups a log shows, as the replay asks for them: when (its client's previous request's end
+plus the same pause, as the chat app calls it after a summary, else its logged time), by whom,
+with which LoRA settings, and its prefix: the first tokens of the turn it was for, the request
+credited with its work (`warm_ids`), else its client's next request; the log has no ids, and
+that turn's prompt, built by requests.py, holds the same tokens. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.report.records import RecordLine, num, start_of
+from proxy.whatif.prompts import Seq
+from proxy.whatif.requests import RETURN_GAP_S, Job, lora_asked
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    """One logged warm-up call, as the replay sends it to the warm-up queue."""
+
+    id: str
+    record: RecordLine
+    arrival: float
+    """Epoch seconds."""
+    client: str | None
+    prefix: Seq
+    """The tokens it asks to compute (the queue finds what the server holds of them)."""
+    lora_in: Any
+    after: str | None = None
+    """Its client's request it followed (sent `think_s` after that one's end in the replay)."""
+    think_s: float = 0.0
+
+
+@dataclass
+class WarmPlan:
+    jobs: list[WarmJob]
+    unplaced: list[str]
+    """Warm-ups left out: no size logged (refused before their body was read) or no later
+    request of their client to take the prefix from."""
+
+
+def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
+              return_gap_s: float = RETURN_GAP_S) -> WarmPlan:
+    """`records`: the log's warm-up records; `jobs`: the requests the replay runs, in arrival
+    order."""
+    credited = {str(w): job for job in jobs for w in (job.record.get("warm_ids") or ())}
+    plan = WarmPlan([], [])
+    for record in sorted(records, key=start_of):
+        wid, arrival = str(record.get("id")), start_of(record)
+        client = record.get("client") if isinstance(record.get("client"), str) else None
+        tokens = num(record, "prompt_tokens")
+        turn = credited.get(wid) or next(
+            (j for j in jobs if client is not None and j.client == client and j.arrival >= arrival),
+            None)
+        if turn is None or tokens is None or tokens < 1:
+            plan.unplaced.append(wid)
+            continue
+        before = [j for j in jobs if j.client == client and j.arrival < arrival and client is not None]
+        after, think = _following(before[-1] if before else None, arrival, return_gap_s)
+        plan.jobs.append(WarmJob(
+            id=wid, record=record, arrival=arrival, client=client,
+            prefix=turn.prompt.prefix(int(tokens)), lora_in=lora_asked(record),
+            after=after, think_s=think))
+    return plan
+
+
+def _following(previous: Job | None, arrival: float,
+               return_gap_s: float) -> tuple[str | None, float]:
+    """The request the warm-up was sent after, and the pause between (requests.py's `_reacting`)."""
+    if previous is None:
+        return None, 0.0
+    total = num(previous.record, "total_ms")
+    if total is None:
+        return None, 0.0
+    think = arrival - (previous.arrival + total / 1000.0)
+    return (previous.id, think) if 0.0 <= think < return_gap_s else (None, 0.0)

@@ -1,0 +1,91 @@
+"""Warm-ups in `slotwise whatif`: the warm-up calls a log shows are asked for again, after the
+request they followed, and slotwise's own warm-up queue runs them inside the model: the turn they
+were for finds its prefix computed and is credited with it, the streams keep their pace, and with
+`warm.enabled=false` the calls are refused and the turn computes it all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.report.records import parse_time
+from proxy.whatif.requests import build_workload
+from proxy.whatif.synth import loaded, record
+from proxy.whatif.warmjobs import warm_jobs
+from tests.test_whatif import played
+
+SUMMARY_END_S = 1.0 + 3.0
+
+
+def warm_call(wid: str, t: float, client: str, prefix: int) -> dict[str, Any]:
+    """A warm-up's record as the warmer writes it (its prefix, all of it to compute)."""
+    return {**record(wid, t, client, prefix, 0, 0), "kind": "warm", "stream": False,
+            "endpoint": "/slotwise/warm/v1/chat/completions", "status": 202, "timings": None,
+            "computed_tokens": None, "events": None, "est_prompt_tokens": prefix,
+            "est_new_tokens": prefix, "fed_tokens": prefix, "pieces": 8,
+            "prefill_plan": "chunked", "total_ms": 4000.0}
+
+
+def post_summary_day(prefix: int = 2500, think_s: float = 12.0) -> list[dict[str, Any]]:
+    """Client `a` streams; client `b` folds its history into a summary, its chat app asks for a
+    warm-up of the new prompt as the summary ends, and `think_s` later `b` sends the next turn,
+    which found the warm-up's `prefix` tokens computed."""
+    stream = record("s", 0.0, "a", 300, 0, 3000)
+    summary = {**record("sum", 1.0, "b", 6000, 5800, 150, purpose="summary"), "total_ms": 3000.0}
+    turn = {**record("b1", SUMMARY_END_S + think_s, "b", prefix + 120, prefix, 60),
+            "warmed_tokens": prefix, "warm_ids": ["w"]}
+    return loaded([stream, summary, warm_call("w", SUMMARY_END_S + 0.2, "b", prefix), turn])
+
+
+def by_id(*sets: str, day: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {r.id: r for r in played(day or post_summary_day(), "prefill.mode=chunk", *sets)
+            .outcome.records}
+
+
+class TestWorkload:
+    def test_a_warm_ups_prefix_is_the_first_tokens_of_the_turn_it_was_for(self) -> None:
+        work = build_workload(post_summary_day())
+        plan = warm_jobs(work.warm_records, work.jobs)
+        ((warm,), turn) = plan.jobs, next(j for j in work.jobs if j.id == "b1")
+        assert warm.prefix.length == 2500 and warm.prefix == turn.prompt.prefix(2500)
+        # the turn's recorded cache leaves out what the warm-up computed for it
+        assert turn.recorded_cache == 0
+        assert (warm.after, round(warm.think_s, 3)) == ("sum", 0.2)
+
+    def test_a_warm_up_with_no_size_or_no_later_turn_is_left_out_and_said(self) -> None:
+        day = loaded([record("s", 0.0, "a", 300, 0, 50), warm_call("lost", 1.0, "z", 900)])
+        work = build_workload(day)
+        assert warm_jobs(work.warm_records, work.jobs).unplaced == ["lost"]
+        assert any("warm-ups: 1 left out" in n for n in played(day).notes)
+
+
+class TestReplay:
+    def test_the_turn_finds_its_prefix_warmed_and_is_credited(self) -> None:
+        out = by_id()
+        warm, turn = out["w"], out["b1"]
+        assert warm.kind == "warm" and warm.outcome == "done" and warm.status == 202
+        assert warm.fed_tokens >= 2400 and warm.pieces >= 2
+        assert turn.warmed_tokens >= 2400 and turn.warm_ids == ("w",)
+        assert (turn.computed_tokens or 0) <= 220
+        # asked for as the summary ended in the what-if, not at its logged time
+        summary_end = parse_time(str(out["sum"].start)) + (out["sum"].total_ms or 0) / 1000.0
+        assert abs(parse_time(str(warm.start)) - (summary_end + 0.2)) < 0.01
+
+    def test_with_warm_ups_off_the_call_is_refused_and_the_turn_computes_it(self) -> None:
+        warmed, off = by_id(), by_id("warm.enabled=false")
+        assert off["w"].status == 503 and off["w"].outcome == "rejected"
+        assert off["b1"].warmed_tokens == 0
+        assert off["b1"].fed_tokens + (off["b1"].computed_tokens or 0) >= 2600
+        assert (warmed["b1"].ttft_ms or 0) * 2 < (off["b1"].ttft_ms or 0)
+
+    def test_the_stream_keeps_its_pace_while_the_warm_up_computes(self) -> None:
+        out = by_id()
+        # pieces sized to max_stall_ms (160): the stream's longest gap stays about one piece
+        assert (out["s"].gap_max_ms or 0) < 2 * 160 + 100
+
+    def test_a_turn_that_comes_before_its_warm_up_is_done_ends_it_and_gets_what_it_did(self) -> None:
+        out = by_id(day=post_summary_day(prefix=6000, think_s=2.0))
+        warm, turn = out["w"], out["b1"]
+        assert warm.outcome == "superseded" and 0 < warm.fed_tokens < 6000
+        assert turn.warmed_tokens == warm.fed_tokens and turn.warm_ids == ("w",)
+        # the rest was computed by the turn itself, not lost
+        assert turn.warmed_tokens + (turn.fed_tokens or 0) + (turn.computed_tokens or 0) >= 6120
