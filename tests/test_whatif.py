@@ -229,6 +229,15 @@ class TestReplay:
         assert start("b1") == pytest.approx(parse_time(str(eager[1]["start"])), abs=0.01)
 
 
+    def test_a_turn_sent_after_a_reply_starts_while_another_stream_still_generates(self) -> None:
+        """The server runs a lone stream's steps ahead in one go; a turn that the reply's end
+        brings (its client's pause later) still gets its batch then, not after the stream."""
+        stream = record("s", 0.0, "a", 300, 0, 3000)
+        first = {**record("b0", 1.0, "b", 500, 0, 20), "total_ms": 2000.0}
+        turn = record("b1", 5.0, "b", 620, 520, 20)  # 2 s after "b0" ended
+        out = {r.id: r for r in played(loaded([stream, first, turn])).outcome.records}
+        assert (out["b1"].ttft_ms or 0) < 1000 < (out["s"].total_ms or 0) / 10
+
 class TestPolicies:
     def test_chunk_feeds_the_cold_prompt_in_pieces_and_the_stream_keeps_going(self) -> None:
         scene = loaded(field_scene(cold_tokens=12_000))
