@@ -141,7 +141,7 @@ def predict(inputs: Inputs) -> Prediction:
     outcome = Replay(workload, whatif, cal.costs).run()
     outcome.records = unsized(outcome.records, set(workload.guessed), set(cut))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
-                   + [(str(r.get("start")), _line(r)) for r in workload.copied])
+                   + [(str(r.get("start")), _line(r)) for r in (*workload.copied, *outcome.copied)])
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
                       outcome, time.perf_counter() - began,
                       notes + outcome.notes + unmodelled(whatif, workload))

@@ -21,6 +21,7 @@ from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, 
 from proxy.prefill.policy import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
+from proxy.report.records import RecordLine
 from proxy.whatif.costs import Costs
 from proxy.whatif.flights import Witness
 from proxy.whatif.gatekeeper import Action, PolicySeam, Send
@@ -66,6 +67,8 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     cache_found: dict[str, int] = field(default_factory=dict)
     """Each request's prompt tokens the server found cached, by id."""
+    copied: list[RecordLine] = field(default_factory=list)
+    """Records of the log written out as they were (warm-ups it could not replay)."""
 
 
 class Replay:
@@ -129,11 +132,13 @@ class Replay:
             self._schedule_tick()
             server.stretch(self._heap[0][0] if self._heap else float("inf"))
         notes = [self.loras.note] if self.loras.note else []
-        if self.warm_plan.unplaced:
-            notes.append(f"warm-ups: {len(self.warm_plan.unplaced)} left out (no size logged, or no "
-                         f"later request of their client): {', '.join(self.warm_plan.unplaced[:5])}")
+        unplaced = self.warm_plan.unplaced
+        if unplaced:
+            notes.append(f"warm-ups: {len(unplaced)} copied as they were, not replayed (no size "
+                         "logged, or no later request of their client): "
+                         + ", ".join(str(r.get("id")) for r in unplaced[:5]))
         return Outcome(self.witness.records, server.batches, self.policy.cost_summary(),
-                       dict(self.policy.unknown), notes, self._found)
+                       dict(self.policy.unknown), notes, self._found, list(unplaced))
 
     # ---- the slotwise side ---------------------------------------------------------------------
 

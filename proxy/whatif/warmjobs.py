@@ -36,9 +36,9 @@ class WarmJob:
 @dataclass
 class WarmPlan:
     jobs: list[WarmJob]
-    unplaced: list[str]
-    """Warm-ups left out: no size logged (refused before their body was read) or no later
-    request of their client to take the prefix from."""
+    unplaced: list[RecordLine]
+    """The records of warm-ups not replayed (copied as they were): no size logged (refused before
+    their body was read) or no later request of their client to take the prefix from."""
 
 
 def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
@@ -55,7 +55,7 @@ def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
             (j for j in jobs if client is not None and j.client == client and j.arrival >= arrival),
             None)
         if turn is None or tokens is None or tokens < 1:
-            plan.unplaced.append(wid)
+            plan.unplaced.append(record)
             continue
         before = [j for j in jobs if j.client == client and j.arrival < arrival and client is not None]
         after, think = _following(before[-1] if before else None, arrival, return_gap_s)
