@@ -1,27 +1,25 @@
 """The replay: the logged requests arrive at their logged times into slotwise's prefill policy and
 the server model, one clock for both; what happens becomes their records.
 
-One loop over one heap of timed events (arrivals, sends after slotwise's own time, pieces, clients
-leaving, the policy's wake-ups, saves of kept KV coming due, warm-up calls) and the server model's
-boundaries, always the earlier first; the server runs quiet decode stretches up to the next event
-in one go. Kept KV's restores and saves are keeping.py's, warm-ups warming.py's (their queue has
-its turn after every event, as in the gate's loop). Pure: the clock is simulated.
+One loop over the clock's timed events (clock.py: arrivals, sends after slotwise's own time, pieces,
+clients leaving, the policy's wake-ups, saves of kept KV coming due, warm-up calls) and the server
+model's boundaries, always the earlier first; the server runs quiet decode stretches up to the next
+event in one go, once the boundary's happenings have placed theirs. Kept KV's restores and saves
+are keeping.py's, warm-ups warming.py's (their queue has its turn after every event, as in the
+gate's loop). Pure: the clock is simulated.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, Save
-from proxy.prefill.policy import STUCK_PAUSE_S
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
 from proxy.report.records import RecordLine
+from proxy.whatif.clock import Clock, Wakeups
 from proxy.whatif.costs import Costs
 from proxy.whatif.flights import Witness
 from proxy.whatif.gatekeeper import Action, PolicySeam, Send
@@ -84,53 +82,44 @@ class Replay:
                                  keep=cfg.keep_kv.enabled,
                                  warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
-        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
-        self._seq = itertools.count()
+        self.clock = Clock()
         self._live: dict[str, _Live] = {}
         self._by_flight: dict[Flight, _Live] = {}
-        self._tick_at: float | None = None
-        self._ticked_for: float | None = None  # the wake-up the last tick was for, and when
-        self._ticked_at = 0.0
         self._found: dict[str, int] = {}
-        self._now = 0.0
-        self._next_turns: dict[str, list[tuple[float, Callable[[float], None]]]] = {}
-        """What a client sends after the request it names ended, by its id, with its pause:
-        requests (requests.py, `Job.after`) and warm-up calls (`WarmJob.after`)."""
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
         self.warming = Warming(cfg, self.server, self.policy, self.witness, self.loras, self._apply,
-                               self._at, costs.piece_ms / 2000.0)
-        self._warm_wake: float | None = None
+                               self.clock.at, costs.piece_ms / 2000.0)
+        self.wakeups = Wakeups(self.clock, self.policy.next_wakeup,
+                               lambda now: self._apply(self.policy.tick(now), now),
+                               self.warming.next_wakeup)
         self.witness.registry.subscribe(self._on_phase)
 
     def run(self) -> Outcome:
-        for job in self.work.jobs:
-            self._when(job.after, job.arrival, job.think_s, functools.partial(self._arrive, job))
-        for warm in self.warm_plan.jobs:
-            self._when(warm.after, warm.arrival, warm.think_s,
+        clock, server = self.clock, self.server
+        for job in self.work.jobs:  # requests.py, `Job.after`
+            clock.when(job.after, job.arrival, job.think_s, functools.partial(self._arrive, job))
+        for warm in self.warm_plan.jobs:  # warmjobs.py, `WarmJob.after`
+            clock.when(warm.after, warm.arrival, warm.think_s,
                        functools.partial(self.warming.arrive, warm))
         for save in self.keeping.saves:
-            self._at(save.at, functools.partial(self.keeping.save_due, save))
-        server = self.server
+            clock.at(save.at, functools.partial(self.keeping.save_due, save))
         while True:
-            t_ext = self._heap[0][0] if self._heap else float("inf")
             t_srv = server.next_at
-            if t_srv is not None and t_srv <= t_ext:
-                self._now = t_srv
+            if t_srv is not None and t_srv <= clock.next_at:
+                clock.now = t_srv
                 for happening in server.boundary(None):  # what they bring may come sooner
                     self._happened(happening)
-            elif self._heap:
-                t, _, act = heapq.heappop(self._heap)
-                self._now = t
-                act(t)
+            elif clock:
+                clock.run_next()
             else:
                 break
             if self.keeping.waiting:
-                self.keeping.try_saves(self._now)
+                self.keeping.try_saves(clock.now)
             if self.warming.active:
-                self.warming.tick(self._now)
-            self._schedule_tick()
-            server.stretch(self._heap[0][0] if self._heap else float("inf"))
+                self.warming.tick(clock.now)
+            self.wakeups.schedule()
+            server.stretch(clock.next_at)
         notes = [self.loras.note] if self.loras.note else []
         unplaced = self.warm_plan.unplaced
         if unplaced:
@@ -150,7 +139,7 @@ class Replay:
         self._by_flight[flight] = live
         if job.patience_s is not None:
             leaves = job.cut_at if job.cut_at is not None else now + job.patience_s
-            self._at(max(now, leaves), lambda t: self._gone(live, t))
+            self.clock.at(max(now, leaves), lambda t: self._gone(live, t))
         if self.warming.enabled and self.warm_plan.jobs:  # as the gate: before the estimate
             self.warming.claim(job, flight, now, lambda t: self._estimate(live, t))
         else:
@@ -209,7 +198,7 @@ class Replay:
         task = Task(live.key, job.prompt, job.out, job.generated, batch_key(live.lora),
                     explicit(live.lora), starved=job.starved, slot=self.work.slots.get(job.id))
         live.task = task
-        self._at(now + job.overhead_s, lambda t: self._send(live, task, t))
+        self.clock.at(now + job.overhead_s, lambda t: self._send(live, task, t))
 
     def _send(self, live: _Live, task: Task, now: float) -> None:
         if live.ended:
@@ -223,7 +212,7 @@ class Replay:
         piece = Task(live.key, prompt, prompt, 1, batch_key(live.lora), explicit(live.lora))
         live.piece = piece
         self.witness.piece_started(live.flight, now)
-        self._at(now + self.costs.piece_ms / 2000.0, lambda t: self.server.submit(piece, t)
+        self.clock.at(now + self.costs.piece_ms / 2000.0, lambda t: self.server.submit(piece, t)
                  if live.piece is piece else None)
 
     def _piece_back(self, live: _Live, piece: Task, now: float) -> None:
@@ -251,16 +240,7 @@ class Replay:
     def _finish(self, live: _Live, now: float) -> None:
         """Its client has what it gets: its next turn comes the client's own time later."""
         live.ended = True
-        for think_s, act in self._next_turns.pop(live.job.id, ()):
-            self._at(now + think_s, act)
-
-    def _when(self, after: str | None, arrival: float, think_s: float,
-              act: Callable[[float], None]) -> None:
-        """At its logged time, or `think_s` after the request it followed ends in the replay."""
-        if after is None:
-            self._at(arrival, act)
-        else:
-            self._next_turns.setdefault(after, []).append((think_s, act))
+        self.clock.ended(live.job.id, now)
 
     # ---- the server side ------------------------------------------------------------------------
 
@@ -278,7 +258,7 @@ class Replay:
         now = happening.t
         if task is live.piece:
             if isinstance(happening, Finished):
-                self._at(now + self.costs.piece_ms / 2000.0,
+                self.clock.at(now + self.costs.piece_ms / 2000.0,
                          lambda t: self._piece_back(live, task, t))
             elif isinstance(happening, Failed):
                 live.piece = None
@@ -321,34 +301,3 @@ class Replay:
                 cache_n=max(0, (total or 0) - (prompt_n or 0))), now)
         else:
             self._apply(self.policy.phase(live.key, new, now), now)
-
-    # ---- time -------------------------------------------------------------------------------
-
-    def _at(self, t: float, act: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), act))
-
-    def _schedule_tick(self) -> None:
-        warm = self.warming.next_wakeup(self._now)
-        if warm is not None and (self._warm_wake is None or warm < self._warm_wake):
-            self._warm_wake = warm  # an event then: the queue has its turn after every event
-            self._at(warm, self._warm_woke)
-        wake = self.policy.next_wakeup()
-        if wake is not None and wake == self._ticked_for:  # as the gate's loop: never back to back
-            wake = max(wake, self._ticked_at + STUCK_PAUSE_S)
-        if wake is None or (self._tick_at is not None and self._tick_at <= wake):
-            return
-        self._tick_at = wake = max(wake, self._now)
-        self._at(wake, self._tick)
-
-    def _warm_woke(self, now: float) -> None:
-        if self._warm_wake is not None and now >= self._warm_wake:
-            self._warm_wake = None
-
-    def _tick(self, now: float) -> None:
-        if self._tick_at is not None and now < self._tick_at:
-            return
-        self._tick_at = None
-        wake = self.policy.next_wakeup()
-        if wake is not None and now >= wake:
-            self._ticked_for, self._ticked_at = wake, now
-            self._apply(self.policy.tick(now), now)
