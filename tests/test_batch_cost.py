@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel
-from proxy.prefill.nnls import nonnegative_lstsq
+from proxy.prefill.nnls import every_support, nonnegative_lstsq
 
 CPU = BatchCost(fixed_ms=10.0, per_token_ms=0.8, per_token_per_kctx_ms=0.31, per_decoder_ms=0.0,
                 per_kctx_ms=19.6)
@@ -179,6 +179,20 @@ class TestNonNegative:
         # unconstrained: x = (1, -1); with x >= 0 the best is (1, 0).
         x = nonnegative_lstsq(np.eye(2), np.array([1.0, -1.0]))
         assert x == pytest.approx([1.0, 0.0])
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_active_set_finds_what_tryingevery_support_finds(self, seed: int) -> None:
+        """The fast method against the exhaustive one, on problems whose unconstrained optimum
+        has negative parts, columns of very different sizes, 1-7 columns."""
+        rng = np.random.default_rng(seed)
+        n = 1 + seed % 7
+        a = rng.uniform(-1.0, 3.0, size=(30, n)) * 10.0 ** rng.uniform(-3, 3, size=n)
+        y = rng.normal(size=30) * 50.0
+        x = nonnegative_lstsq(a, y)
+        scale = np.abs(a).max(axis=0)
+        best = every_support(a / scale, y) / scale
+        assert min(x) >= 0
+        assert np.sum((a @ x - y) ** 2) == pytest.approx(np.sum((a @ best - y) ** 2), rel=1e-9)
 
     def test_solver_matches_least_squares_when_that_is_non_negative(self) -> None:
         rng = np.random.default_rng(3)

@@ -38,12 +38,14 @@ def field_scene(cold_tokens: int = 25_000, stream_tokens: int = 4_000,
             record("cold", cold_after_s, "b", cold_tokens, 0, 200)]
 
 
-def day(requests: int = 1000, users: int = 5, hours: float = 24.0, seed: int = 7
-        ) -> list[dict[str, Any]]:
+def day(requests: int = 1000, users: int = 5, hours: float = 24.0, seed: int = 7, *,
+        warmups: bool = False) -> list[dict[str, Any]]:
     """`requests` requests over `hours`: each user's sessions start at random times; a session's
     first turn brings back a 12,000-25,000-token history, then turns 20-90 s apart add 50-300
     tokens and a 100-600-token reply; every 12-20 turns a summary folds the history to 3,000-8,000
-    new tokens; one request in twenty is a translation of 300-2,000 tokens."""
+    new tokens; one request in twenty is a translation of 300-2,000 tokens. `warmups`: a summary
+    is asked over the history, the chat app then asks for a warm-up of the folded prompt (as
+    docs/warm.md recommends), and the next turn finds it computed (besides the `requests`)."""
     rng = random.Random(seed)
     per_user = max(1, requests // users)
     out: list[dict[str, Any]] = []
@@ -56,13 +58,19 @@ def day(requests: int = 1000, users: int = 5, hours: float = 24.0, seed: int = 7
         for s, t in enumerate(starts):
             turns = turns_left if s == sessions - 1 else per_user // sessions
             turns_left -= turns
-            out += _session(rng, client, t, turns, f"{client}-{s}")
+            out += _session(rng, client, t, turns, f"{client}-{s}", warmups)
     out.sort(key=lambda r: str(r["start"]))
-    return out[:requests]
+    if not warmups:
+        return out[:requests]
+    kept = [r for r in out if r["kind"] != "warm"][:requests]
+    last = str(kept[-1]["start"]) if kept else ""
+    return sorted(kept + [r for r in out if r["kind"] == "warm" and str(r["start"]) <= last],
+                  key=lambda r: str(r["start"]))
 
 
-def _session(rng: random.Random, client: str, t: float, turns: int, tag: str) -> list[dict[str, Any]]:
-    out = []
+def _session(rng: random.Random, client: str, t: float, turns: int, tag: str,
+             warmups: bool = False) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     prompt, cached = rng.randint(12_000, 25_000), 0
     fold_in = rng.randint(12, 20)
     for n in range(turns):
@@ -74,6 +82,9 @@ def _session(rng: random.Random, client: str, t: float, turns: int, tag: str) ->
             continue
         reply = rng.randint(100, 600)
         purpose = "chat"
+        if warmups and n and n % fold_in == 0:
+            t, prompt, cached = _folded(rng, out, rid, client, t, prompt, cached)
+            continue
         if n and n % fold_in == 0:
             prompt, cached, purpose = rng.randint(3_000, 8_000), 500, "summary"
         out.append(record(rid, t, client, prompt, cached, reply, purpose=purpose))
@@ -81,6 +92,27 @@ def _session(rng: random.Random, client: str, t: float, turns: int, tag: str) ->
         prompt = cached + rng.randint(50, 300)
         t += rng.uniform(20, 90) + reply / 50.0
     return out
+
+
+def _folded(rng: random.Random, out: list[dict[str, Any]], rid: str, client: str, t: float,
+            prompt: int, cached: int) -> tuple[float, int, int]:
+    """A summary over the history, the warm-up of the folded prompt as it ends, and the next turn's
+    time, prompt and cached tokens (all of the warmed prefix)."""
+    summary = rng.randint(200, 500)
+    out.append(record(f"{rid}-sum", t, client, prompt, cached, summary, purpose="summary"))
+    t += summary / 50.0 + 0.5
+    folded = rng.randint(3_000, 8_000)
+    out.append({**record(f"{rid}-warm", t, client, folded, 0, 0), "kind": "warm",
+                "endpoint": "/slotwise/warm/v1/chat/completions", "stream": False, "status": 202,
+                "timings": None, "events": None, "computed_tokens": None,
+                "est_prompt_tokens": folded, "est_new_tokens": folded})
+    turn_at = t + rng.uniform(10, 40)
+    out.append({**record(rid, turn_at, client, folded + rng.randint(50, 300), folded,
+                         rng.randint(100, 600)), "warmed_tokens": folded,
+                "warm_ids": [f"{rid}-warm"]})
+    last = out[-1]
+    return turn_at + rng.uniform(20, 90), last["prompt_tokens"] + last["events"] + rng.randint(
+        50, 300), last["prompt_tokens"] + last["events"]
 
 
 def loaded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
