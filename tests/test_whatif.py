@@ -411,3 +411,15 @@ class TestSpeed:
         assert len(prediction.outcome.records) == 1000
         assert elapsed < 30.0, f"{elapsed:.1f} s (the figure in docs/whatif.md is < 10 s)"
         assert figures([r.to_dict() for r in prediction.outcome.records])["cold_ttft_s"]
+
+    def test_a_day_with_warm_ups_replays_in_seconds(self) -> None:
+        """The same day with a warm-up after each summary, run by slotwise's warm-up queue."""
+        records = loaded(day(requests=1000, hours=24.0, warmups=True))
+        began = time.perf_counter()
+        prediction = played(records)
+        elapsed = time.perf_counter() - began
+        out = prediction.outcome.records
+        warm_calls = sum(r["kind"] == "warm" for r in records)
+        assert len(out) == len(records) and sum(r.kind == "warm" for r in out) == warm_calls > 40
+        assert sum(r.warmed_tokens > 1000 for r in out) > warm_calls // 2
+        assert elapsed < 30.0, f"{elapsed:.1f} s (the figure in docs/whatif.md is < 10 s)"
