@@ -9,7 +9,6 @@ a warm-up (the queue's rule 10: every warm-up computes). Pure: driven by the rep
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +45,6 @@ Resume = Callable[[float], None]
 class _Warm:
     job: WarmJob
     flight: Flight
-    ids: array[int]
     lora: object
     piece: Task | None = None
     waiting: list[Resume] = field(default_factory=list)
@@ -93,7 +91,7 @@ class Warming:
         except WarmOff as exc:
             self._refused(flight, exc, now)
             return
-        self._warms[job.id] = _Warm(job, flight, ids, lora)
+        self._warms[job.id] = _Warm(job, flight, lora)
         self._decided(decisions, now)
 
     def claim(self, job: Job, flight: Flight, now: float, resume: Resume) -> None:
@@ -106,22 +104,25 @@ class Warming:
         decisions, wait = self.queue.claim(ids, now)
         self._decided(decisions, now)
         pieces = [w for w in (self._warms.get(i) for i in wait) if w is not None and w.piece]
-        left = len(pieces)
 
         def credited(t: float) -> None:
-            nonlocal left
-            left -= 1
-            if left > 0:
-                return
             credit = self.queue.credit(ids)
             flight.warmed_tokens, flight.warm_ids = credit.tokens, list(credit.warm_ids)
             resume(t)
 
         if not pieces:
-            left = 1
             credited(now)
+            return
+        left = len(pieces)
+
+        def piece_ended(t: float) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                credited(t)
+
         for warm in pieces:
-            warm.waiting.append(credited)
+            warm.waiting.append(piece_ended)
 
     # ---- the gate's loop ---------------------------------------------------------------------------
 
