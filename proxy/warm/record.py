@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from proxy.record.clientstrings import safe_text
 from proxy.record.flight import Flight, PrefillPlan
+from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
 from proxy.record.outcome import Outcome
 from proxy.record.schema import MAX_ERROR_CHARS, Record, build_record
@@ -29,6 +30,17 @@ def warm_flight(warm_id: str, endpoint: str, *, now: float, wall: float, config_
     return Flight(id=warm_id, kind=Kind.WARM, method="POST", endpoint=endpoint, wall_start=wall,
                   config_gen=config_gen, timer=RequestTimer(arrived=now), client=client,
                   purpose=purpose, node=node)
+
+
+def ended_warm_record(flight: Flight, warm: WarmUp, registry: Registry, now: float) -> Record:
+    """A warm-up that ended at `now`: its flight closed (its prefill, if a piece ran, ended with
+    the last piece and leaves the registry) and its record (the warmer's, the what-if's)."""
+    flight.timer.on_end(now)
+    flight.status = 202
+    if flight.prefill_start is not None:
+        flight.prefill_end = flight.timer.prefill_done or now
+        registry.finish(flight, now)
+    return warm_record(flight, warm)
 
 
 def warm_record(flight: Flight, warm: WarmUp | None) -> Record:

@@ -27,7 +27,7 @@ from proxy.record.flight import Flight
 from proxy.state import ProxyState
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
 from proxy.warm.queue import MIN_TOKENS, WarmQueue
-from proxy.warm.record import warm_record
+from proxy.warm.record import ended_warm_record
 from proxy.warm.values import (
     CancelWarmPiece,
     Ended,
@@ -251,13 +251,7 @@ class Warmer:
         self._lora.pop(warm_id, None)
         if flight is None or warm is None:
             return
-        now = self._clock()
-        flight.timer.on_end(now)
-        flight.status = 202
-        if flight.prefill_start is not None:  # its prefill ended with its last piece
-            flight.prefill_end = flight.timer.prefill_done or now
-            self._state.registry.finish(flight, now)
-        record = warm_record(flight, warm)
+        record = ended_warm_record(flight, warm, self._state.registry, self._clock())
         self._state.emit(record)
         self.ended[record.outcome] += 1
         self.computed_tokens += warm.computed

@@ -19,7 +19,7 @@ from proxy.record.schema import Record, build_record
 from proxy.record.timing import RequestTimer
 from proxy.report.records import num
 from proxy.request.errors import ProxyError
-from proxy.warm.record import warm_record
+from proxy.warm.record import ended_warm_record, warm_record
 from proxy.warm.values import WarmUp
 from proxy.whatif.requests import Job
 from proxy.whatif.slots import Task
@@ -113,22 +113,18 @@ class Witness:
         flight.kv_tokens, flight.restored_tokens = tokens, restored
         self.records.append(kv_record(flight, end))
 
-    def warm_ended(self, flight: Flight, warm: WarmUp | None, now: float) -> None:
-        """A warm-up's one record, as the warmer writes it when it ends (`warm` None: its call was
-        refused, the flight says why)."""
-        flight.timer.on_end(now)
-        if warm is not None:
-            flight.status = 202
-        if flight.prefill_start is not None:  # its prefill ended with its last piece
-            flight.prefill_end = flight.timer.prefill_done or now
-            self.registry.finish(flight, now)
+    def warm_ended(self, flight: Flight, warm: WarmUp, now: float) -> None:
+        """A warm-up's one record, as the warmer writes it when it ends."""
+        record = ended_warm_record(flight, warm, self.registry, now)
         if self._build:
-            self.records.append(warm_record(flight, warm))
+            self.records.append(record)
 
-    @staticmethod
-    def warm_refused(flight: Flight, error: ProxyError) -> None:
-        """The call's answer, as the warm-up route writes it on its flight (`request/trip.py`)."""
+    def warm_refused(self, flight: Flight, error: ProxyError, now: float) -> None:
+        """A refused warm-up call's record, as the warm-up route writes it (`request/trip.py`)."""
         flight.outcome, flight.error, flight.status = error.outcome, error.message, error.status
+        flight.timer.on_end(now)
+        if self._build:
+            self.records.append(warm_record(flight, None))
 
     def _end(self, flight: Flight, now: float) -> None:
         flight.timer.on_end(now)

@@ -282,14 +282,21 @@ def _reacting(job: Job, previous: RecordLine, jobs: Sequence[Job], return_gap_s:
     """`job` sent `think_s` after its client's previous request ended, if it was sent after that
     one's end (not while it ran, nor after a pause of `return_gap_s` or more: a new session comes
     when it comes) and that one is replayed too."""
-    total = num(previous, "total_ms")
-    if total is None:
-        return job
-    think = job.arrival - (start_of(previous) + total / 1000.0)
+    think = pause_after(previous, job.arrival, return_gap_s)
     pid = str(previous.get("id"))
-    if not 0.0 <= think < return_gap_s or not any(j.id == pid for j in jobs[-SEARCH_BACK:]):
+    if think is None or not any(j.id == pid for j in jobs[-SEARCH_BACK:]):
         return job
     return dataclasses.replace(job, after=pid, think_s=think)
+
+
+def pause_after(previous: RecordLine, arrival: float, return_gap_s: float) -> float | None:
+    """How long after `previous` ended something arriving at `arrival` was sent, if it was sent
+    after that end and less than `return_gap_s` later (a user who read the reply); else None."""
+    total = num(previous, "total_ms")
+    if total is None:
+        return None
+    think = arrival - (start_of(previous) + total / 1000.0)
+    return think if 0.0 <= think < return_gap_s else None
 
 
 def _patience(record: RecordLine) -> float | None:

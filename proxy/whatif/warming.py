@@ -86,10 +86,10 @@ class Warming:
                           cached=min(len(ids), self._server.common(job.prefix)))
             decisions = self.queue.submit(warm, self._knobs, now)
         except WarmRefused as exc:
-            self._refused(flight, TooManyWarmUps(str(exc)), now)
+            self._witness.warm_refused(flight, TooManyWarmUps(str(exc)), now)
             return
         except WarmOff as exc:
-            self._refused(flight, exc, now)
+            self._witness.warm_refused(flight, exc, now)
             return
         self._warms[job.id] = _Warm(job, flight, lora)
         self._decided(decisions, now)
@@ -216,10 +216,8 @@ class Warming:
             self._server.cancel(warm.piece, now)
             self._piece_over(warm)
         self._warms.pop(warm.job.id, None)
-        self._witness.warm_ended(warm.flight, self.queue.warmups.get(warm.job.id), now)
+        ended = self.queue.warmups.get(warm.job.id)
+        if ended is not None:  # the queue keeps an ended warm-up a while (its rule 8)
+            self._witness.warm_ended(warm.flight, ended, now)
         self._resume(warm, now)
         self._sync(now)
-
-    def _refused(self, flight: Flight, error: TooManyWarmUps | WarmOff, now: float) -> None:
-        self._witness.warm_refused(flight, error)
-        self._witness.warm_ended(flight, None, now)

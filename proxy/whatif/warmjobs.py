@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.report.records import RecordLine, num, start_of
 from proxy.whatif.prompts import Seq
-from proxy.whatif.requests import RETURN_GAP_S, Job, lora_asked
+from proxy.whatif.requests import RETURN_GAP_S, Job, lora_asked, pause_after
 
 
 @dataclass(frozen=True)
@@ -58,21 +58,10 @@ def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
             plan.unplaced.append(record)
             continue
         before = [j for j in jobs if j.client == client and j.arrival < arrival and client is not None]
-        after, think = _following(before[-1] if before else None, arrival, return_gap_s)
+        think = pause_after(before[-1].record, arrival, return_gap_s) if before else None
         plan.jobs.append(WarmJob(
             id=wid, record=record, arrival=arrival, client=client,
             prefix=turn.prompt.prefix(int(tokens)), lora_in=lora_asked(record),
-            after=after, think_s=think))
+            after=before[-1].id if think is not None else None, think_s=think or 0.0))
     return plan
 
-
-def _following(previous: Job | None, arrival: float,
-               return_gap_s: float) -> tuple[str | None, float]:
-    """The request the warm-up was sent after, and the pause between (requests.py's `_reacting`)."""
-    if previous is None:
-        return None, 0.0
-    total = num(previous.record, "total_ms")
-    if total is None:
-        return None, 0.0
-    think = arrival - (previous.arrival + total / 1000.0)
-    return (previous.id, think) if 0.0 <= think < return_gap_s else (None, 0.0)
