@@ -177,7 +177,7 @@ class FakeWarmer:
 
     def tick(self, load: Load, sizer: Sizer) -> float | None:
         self.loads.append(load)
-        if self.wanted and not (load.cold_held or load.starting):
+        if self.wanted and not (load.cold_held or load.starting or load.no_slot):
             self.wanted, self.in_flight = False, 1
         return None
 
@@ -522,6 +522,34 @@ async def test_a_cold_arrival_during_a_warm_piece_waits_for_it_then_goes_at_full
         cold.cancel()
         await asyncio.gather(cold, return_exceptions=True)
         assert rig.feeder.cancelled == 1
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_slot_that_frees_goes_to_the_held_turn_and_the_warm_up_waits_for_the_next() -> None:
+    """bench day: as `ann`'s summary ended, a turn held for a slot took hers; her warm-up's piece,
+    sent once that turn's prompt started, waited 4.8 s in llama-server's queue for another."""
+    warmer = FakeWarmer(asyncio.Event())
+    rig = make_rig("chunk", slots=2, warm=warmer)
+    loop = asyncio.create_task(rig.gate.run())
+    try:
+        s1, s2 = await generating(rig, "s1"), await generating(rig, "s2")
+        short = asyncio.create_task(rig.gate.admit(x := flight(rig, "x"), {"n": 50}))
+        await settle()
+        assert x.phase is Phase.HELD
+        warmer.wanted = True
+        rig.clock.now = 1.0
+        finish(rig, s1)
+        await short  # the turn held for a slot has the one that freed
+        rig.registry.move(x, Phase.PREFILLING, rig.clock.now)
+        warmer.wake.set()
+        await settle()
+        assert warmer.in_flight == 0 and warmer.loads[-1].no_slot  # no slot for its piece
+        rig.clock.now = 2.0
+        finish(rig, s2)
+        await settle()
+        assert warmer.in_flight == 1  # the next slot to come free is the warm-up's
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)

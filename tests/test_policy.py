@@ -1101,6 +1101,21 @@ class TestRule15WarmUps:
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         assert p.warm_load(0.0).cold_held
 
+    def test_every_slot_taken_stops_them_until_one_comes_free(self) -> None:
+        """A piece sent then would queue in the server and take the next slot to come free
+        before the requests held for one (bench day: a held turn released as `ann`'s warm-up
+        started took the last slot; her piece waited 4.8 s in llama-server's queue)."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        assert not p.warm_load(1.0).no_slot
+        busy(p, "s2")
+        assert p.warm_load(1.0).no_slot
+        p.on_finished("s1", 2.0)
+        assert not p.warm_load(2.0).no_slot
+        p.on_warm_pieces(1, 2.0)  # a warm piece takes the slot like a request
+        assert p.warm_load(2.0).no_slot
+        assert not policy().warm_load(0.0).no_slot  # slot count unknown: one is taken to be free
+
     def test_a_request_just_sent_pauses_them_a_prompt_computed_does_not(self) -> None:
         p = policy()
         p.on_arrival("q", 50, 50, 10.0)

@@ -191,8 +191,10 @@ class TestRule4OneAtATimeFewestTokensFirst:
 
 class TestRule5LowestPriority:
     @pytest.mark.parametrize("load", [Load(cold_held=True), Load(starting=True),
-                                      Load(cold_held=True, busy=True, decoders=2)])
-    def test_no_piece_while_a_real_prompt_is_held_fed_or_just_sent(self, load: Load) -> None:
+                                      Load(cold_held=True, busy=True, decoders=2),
+                                      Load(no_slot=True, busy=True, decoders=4)])
+    def test_no_piece_while_a_real_prompt_is_held_fed_or_just_sent_or_no_slot_is_free(
+            self, load: Load) -> None:
         q = WarmQueue()
         q.submit(warm("w", conv(3000)), KNOBS, 0.0)
         assert q.on_tick(load, Pieces(), KNOBS, 10.0) == []

@@ -125,6 +125,10 @@ class Load:
     alone), or a save runs on the server's main loop: no piece now."""
     busy: bool = False
     """Real requests are in flight upstream (generating)."""
+    no_slot: bool = False
+    """Every slot of llama-server is taken (the policy's rule 12 counts them): a piece sent now
+    would wait in the server's queue and then take the next slot to come free, before the
+    requests held for one."""
     decoders: int = 0
     cells: int = 0
     """Cells the requests in flight hold (their prompts), for the batch cost."""

@@ -152,8 +152,11 @@ class PrefillPolicy:
         out, is decided as it came (computed), with the reason.
     15. Warm-ups (the warm-up queue, proxy/warm/queue.py, decides which and how far) are the lowest
         priority: `warm_load` tells the queue what real requests do (a cold request held or a
-        restore waiting stops them; a request just sent pauses them: its prompt starts alone; a
-        piece may join a real prompt's batch, adding at most `max_stall_ms`), `warm_sizer` sizes
+        restore waiting stops them; a request just sent pauses them: its prompt starts alone; so
+        does every slot taken: sent then, a piece would wait in the server's queue and take the
+        next slot to come free before the requests held for one (bench day: `ann`'s warm-up piece
+        sent as a held turn took the last slot, waited 4.8 s in llama-server's queue); a piece may
+        join a real prompt's batch, adding at most `max_stall_ms`), `warm_sizer` sizes
         their pieces from the same batch cost, and their pieces in flight (`on_warm_pieces`) count
         like a cold request's: a slot, and the one piece in flight (a cold request that arrives
         meanwhile is not on an idle server: it waits for that piece); each teaches the cost.
@@ -336,6 +339,7 @@ class PrefillPolicy:
         return Load(cold_held=bool(self._plans or self._line),
                     starting=now < grace or self._saving is not None,
                     busy=bool(self._use) or self._saving is not None,
+                    no_slot=self._line.full(self._taken()),
                     decoders=self._use.decoders(), cells=self._use.cells(),
                     recheck_at=grace if now < grace else None)
 

@@ -51,7 +51,9 @@ class WarmQueue:
      4. One runs at a time, to its end; then the pending one with the fewest tokens to compute
         (then the oldest).
      5. The lowest priority: no piece starts while a real cold request is held or fed, nor just
-        after a real request was sent (its prompt starts alone). A piece may join a batch where a
+        after a real request was sent (its prompt starts alone), nor while every slot is taken
+        (it would wait in llama-server's queue and take the next free slot before the requests
+        held for one). A piece may join a batch where a
         real prompt is computed: sized to `max_stall_ms`, it adds at most that to the prompt's time
         (yielding to every prompt, as it once did, starved it on a busy day: bench day warmed 56
         of a post-summary prompt's 2,479 tokens in the user's 4-8 s of typing).
@@ -106,7 +108,8 @@ class WarmQueue:
         warm = self._next()
         if warm is None or warm.piece_upto is not None or warm.ending is not None:
             return out
-        if load.cold_held or load.starting or (load.busy and now < warm.next_piece_at):
+        if (load.cold_held or load.starting or load.no_slot
+                or (load.busy and now < warm.next_piece_at)):
             return out
         if warm.restorable and warm.started is None:  # rule 10
             warm.started = now
