@@ -184,11 +184,12 @@ def waits_table(spans: Sequence[Span], index: SpanIndex, th: Thresholds) -> Tabl
         "other requests (LoRA unknown)",
         "nothing",
     )
-    rows = tuple(
+    every = [w for k in labels for w in groups[k]]
+    rows = (*(
         Row(k, len(groups[k]), (sum(groups[k]), max(groups[k], default=None)))
         for k in labels
         if groups[k] or k != labels[2]
-    )
+    ), Row("in all", len(every), (sum(every), max(every, default=None))))
     return Table(
         "waits",
         f"Waits of {th.min_wait_s:g} s or more before the prefill, by what was running meanwhile",
