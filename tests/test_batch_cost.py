@@ -194,6 +194,21 @@ class TestNonNegative:
         assert min(x) >= 0
         assert np.sum((a @ x - y) ** 2) == pytest.approx(np.sum((a @ best - y) ** 2), rel=1e-9)
 
+    @pytest.mark.parametrize("seed", range(40))
+    def test_a_search_started_from_any_support_finds_the_same_optimum(self, seed: int) -> None:
+        """The batch cost starts each fit where the last one ended; a wrong start (columns whose
+        solution goes negative, or that miss the optimum's) must not change the answer."""
+        rng = np.random.default_rng(100 + seed)
+        n = 2 + seed % 6
+        a = rng.uniform(-1.0, 3.0, size=(30, n)) * 10.0 ** rng.uniform(-3, 3, size=n)
+        y = rng.normal(size=30) * 50.0
+        cold = nonnegative_lstsq(a, y)
+        for start in (cold > 0, ~(cold > 0), rng.uniform(size=n) < 0.5, np.ones(n, dtype=bool)):
+            warm = nonnegative_lstsq(a, y, start)
+            assert min(warm) >= 0
+            assert np.sum((a @ warm - y) ** 2) == pytest.approx(np.sum((a @ cold - y) ** 2),
+                                                                 rel=1e-9)
+
     def test_solver_matches_least_squares_when_that_is_non_negative(self) -> None:
         rng = np.random.default_rng(3)
         a = rng.uniform(0.5, 2.0, size=(12, 4))

@@ -124,6 +124,8 @@ class Sample:
     """Its error counts relative to this: the larger of the time observed and the time predicted
     when it came, so a sample far below the prediction (a fluke, or a change not yet confirmed)
     pulls no harder than one far above it."""
+    prior_ms: float
+    """What the prior predicts for its row (the samples' level against the prior, at every fit)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,8 @@ class BatchCostModel:
         self._ratios: deque[float] = deque(maxlen=shift_run)
         self._errors: deque[float] = deque(maxlen=error_window)
         self._cost = prior
+        self._support: npt.NDArray[np.bool_] | None = None
+        """The columns the last fit used: the next one starts its search there."""
         self._accepted = self._ignored = self._shifts = 0
 
     @property
@@ -229,10 +233,11 @@ class BatchCostModel:
         ratio = elapsed_ms / predicted
         self._errors.append(ratio - 1.0)
         self._ratios.append(ratio)
-        sample = Sample(row, elapsed_ms, max(elapsed_ms, predicted))
+        prior_ms = self._prior.time_ms(row)
+        sample = Sample(row, elapsed_ms, max(elapsed_ms, predicted), prior_ms)
         if self._shifted():
             self._forget_before_shift()
-            sample = Sample(row, elapsed_ms, elapsed_ms)
+            sample = Sample(row, elapsed_ms, elapsed_ms, prior_ms)
         self._samples.append(sample)
         self._accepted += 1
         self._cost = self._fit()
@@ -246,14 +251,15 @@ class BatchCostModel:
         are the new regime, so each is measured relative to itself from now on."""
         keep = list(self._samples)[-(self._shift_run - 1):] if self._shift_run > 1 else []
         self._samples.clear()
-        self._samples.extend(Sample(s.row, s.ms, s.ms) for s in keep)
+        self._samples.extend(Sample(s.row, s.ms, s.ms, s.prior_ms) for s in keep)
         self._ratios.clear()
         self._shifts += 1
 
     def _fit(self) -> BatchCost:
         rows, ys, weights = self._system()
-        a, b, c, e, g, h, i = (float(v) for v in nonnegative_lstsq(rows * weights[:, None],
-                                                                   ys * weights))
+        x = nonnegative_lstsq(rows * weights[:, None], ys * weights, self._support)
+        self._support = x > 0
+        a, b, c, e, g, h, i = (float(v) for v in x)
         return BatchCost(a, b, c, e, g, h, i)
 
     def _system(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -261,7 +267,7 @@ class BatchCostModel:
         scaled first to the samples' level (a busy machine is slower at everything)."""
         samples = list(self._samples)
         n = len(samples)
-        level = median(s.ms / self._prior.time_ms(s.row) for s in samples) if samples else 1.0
+        level = median(s.ms / s.prior_ms for s in samples) if samples else 1.0
         prior_rows = [batch_row(*shape) for shape in PRIOR_SHAPES]
         prior_ys = [level * self._prior.time_ms(r) for r in prior_rows]
         rows = np.array([s.row for s in samples] + prior_rows, dtype=np.float64)

@@ -2,7 +2,8 @@
 what-if's calibration). Pure numpy, no scipy for one small function: Lawson and Hanson's active
 set method (a handful of least-squares solves), with the search over every set of free columns as
 its fallback should it not settle. The batch cost refits after every piece: the search took 10 ms
-a fit (128 solves), most of a what-if day's time with warm-ups (3,476 fits, 34 of 41 s).
+a fit (128 solves), most of a what-if day's time with warm-ups (3,476 fits, 34 of 41 s); the active
+set, started from the last fit's columns, usually settles after one solve.
 """
 
 from __future__ import annotations
@@ -15,25 +16,36 @@ import numpy.typing as npt
 Vector = npt.NDArray[np.float64]
 
 
-def nonnegative_lstsq(a: npt.NDArray[np.float64], y: Vector) -> Vector:
+def nonnegative_lstsq(a: npt.NDArray[np.float64], y: Vector,
+                      support: npt.NDArray[np.bool_] | None = None) -> Vector:
     """argmin |a·x - y| subject to x >= 0. Exact when `a` has full column rank (the prior's rows
-    see to that): the optimum is then unique, the least-squares solution on its own support."""
+    see to that): the optimum is then unique, the least-squares solution on its own support.
+    `support`: the columns a similar problem's optimum used (the fit before one more sample), where
+    the search starts: usually it holds, and one solve finds the optimum."""
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
     scaled = a / scale
-    x = _active_set(scaled, y)
+    x = _active_set(scaled, y, support)
     if x is None:
         x = every_support(scaled, y)
     result: Vector = x / scale
     return result
 
 
-def _active_set(a: npt.NDArray[np.float64], y: Vector) -> Vector | None:
-    """Lawson and Hanson (1974, chapter 23); None if it has not settled within its bound."""
+def _active_set(a: npt.NDArray[np.float64], y: Vector,
+                start: npt.NDArray[np.bool_] | None = None) -> Vector | None:
+    """Lawson and Hanson (1974, chapter 23), from the free columns `start` when the least-squares
+    solution on them is positive (a feasible point the method's steps keep), else from none; None
+    if it has not settled within its bound."""
     n = a.shape[1]
     free = np.zeros(n, dtype=bool)
     x = np.zeros(n)
     tol = 10.0 * np.finfo(float).eps * float(np.abs(a).sum(axis=0).max()) * max(a.shape)
+    if start is not None and start.shape == (n,) and start.any():
+        s = np.zeros(n)
+        s[start] = np.linalg.lstsq(a[:, start], y, rcond=None)[0]
+        if np.all(s[start] > tol):
+            free, x = start.copy(), s
     for _ in range(3 * n):
         gradient = a.T @ (y - a @ x)
         candidates = np.where(~free, gradient, -np.inf)
