@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel
+from proxy.prefill.batch_cost import PRIOR, BatchCost
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.nnls import every_support, nonnegative_lstsq
 
 CPU = BatchCost(fixed_ms=10.0, per_token_ms=0.8, per_token_per_kctx_ms=0.31, per_decoder_ms=0.0,

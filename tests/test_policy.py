@@ -21,7 +21,8 @@ from proxy.prefill import (
     PrefillPolicy,
     Reject,
 )
-from proxy.prefill.batch_cost import BatchCost, BatchCostModel
+from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Load, Restorable, Restore, Save
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.prefill.batch_cost import PRIOR, BatchCost, BatchCostModel
+from proxy.prefill.batch_cost import PRIOR, BatchCost
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.outlook import (
     CATCH_UP,
     HOLD_COLD_FACTOR,

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.prefill.batch_cost import BatchCostModel
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.layout import ServerLayout, read_layout
 from proxy.prefill.outlook import ChunkKnobs, Situation, fitting_piece
 from proxy.prefill.strategy import PieceChoice, choose_piece

@@ -29,7 +29,7 @@ from proxy.bench.pieces import (
     server_layout,
 )
 from proxy.config import ConfigError, PrefillConfig, load_config
-from proxy.prefill.batch_cost import CostFit
+from proxy.prefill.cost_fit import CostFit
 from proxy.prefill.layout import ServerLayout, layout_advice
 from proxy.prefill.outlook import ChunkKnobs
 from proxy.testbed.model import write_model

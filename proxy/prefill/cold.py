@@ -6,7 +6,8 @@ job's). Pure: numbers in, a reason out.
 from __future__ import annotations
 
 from proxy.config import PrefillConfig
-from proxy.prefill.batch_cost import BatchCost, BatchCostModel
+from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Arrived
 
 WHOLE_STALLS = 8.0

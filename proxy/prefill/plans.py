@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
-from proxy.prefill.batch_cost import BatchCostModel
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Admit, FeedPiece, Forward
 from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from proxy.config import PrefillConfig
-from proxy.prefill.batch_cost import BatchCostModel
 from proxy.prefill.cold import stall_reason
+from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import (
     Admit,
     Arrived,
@@ -117,9 +117,10 @@ class PrefillPolicy:
         started it yet, so that short prompts go between pieces, not into a piece's batch; unless
         the fed request has fallen behind `max_cold_factor`: then it no longer yields (chat users
         whose turns come one after another would starve it).
-     9. The batch cost (batch_cost.py) is learned from every piece (its time at its prefix, with the
-        streams decoding beside it) and every finished request's prefill (prompt_n after cache_n
-        in prompt_ms, if >= LEARN_MIN_TOKENS); it starts at a conservative prior.
+     9. The batch cost (batch_cost.py, fitted by cost_fit.py) is learned from every piece (its
+        time at its prefix, with the streams decoding beside it) and every finished request's
+        prefill (prompt_n after cache_n in prompt_ms, if >= LEARN_MIN_TOKENS); it starts at a
+        conservative prior.
     10. A client that leaves ends its part at once: its plan ends (CancelPiece if a piece is in
         flight), a waiting request leaves its line, a sent request stops counting as generating.
     11. A failed piece ends its plan: the real request is forwarded as it came (fail open), with

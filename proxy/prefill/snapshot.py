@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.prefill.batch_cost import CostFit
+from proxy.prefill.cost_fit import CostFit
 from proxy.prefill.strategy import PieceChoice
 from proxy.record.flight import Phase
 
