@@ -185,17 +185,18 @@ def waits_table(spans: Sequence[Span], index: SpanIndex, th: Thresholds) -> Tabl
         "nothing",
     )
     every = [w for k in labels for w in groups[k]]
-    rows = (*(
+    rows = [
         Row(k, len(groups[k]), (sum(groups[k]), max(groups[k], default=None)))
         for k in labels
         if groups[k] or k != labels[2]
-    ), Row("in all", len(every), (sum(every), max(every, default=None))))
+    ]
+    rows.append(Row("in all", len(every), (sum(every), max(every, default=None))))
     return Table(
         "waits",
         f"Waits of {th.min_wait_s:g} s or more before the prefill, by what was running meanwhile",
         ("total", "max"),
         ("s", "s"),
-        rows,
+        tuple(rows),
         note=f"left out: {fed} request(s) fed in pieces ahead (chunk), whose time before the "
         "prefill of the rest was mostly the computing of their pieces" if fed else "",
     )
