@@ -16,6 +16,7 @@ import pytest
 from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
+from proxy.whatif.calibrate import DecodeObs, fit
 from proxy.whatif.check import compare, figures, passed
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
@@ -188,6 +189,24 @@ class TestCalibration:
                             unified=False)
             assert step == pytest.approx(2000.0, rel=0.1)
         assert prediction.recorded.server.parallel == 2
+
+    def test_a_decode_step_given_is_kept_and_the_rest_fitted_around_it(self) -> None:
+        """Windows of two to four slots on a full shared KV only (a slotwise `bench day`), which
+        grow faster than linearly with the cells: the fit puts the whole step on the cells and
+        prices a short stream alone far too fast; it says so, and a given step pins it."""
+        obs = [DecodeObs(40, ms, slots, kcells) for slots, kcells, ms in
+               ((2, 5.5, 41.0), (3, 9.3, 77.0), (3, 10.6, 70.0), (4, 11.0, 95.0),
+                (4, 13.8, 125.0), (4, 15.1, 147.0))]
+        free = fit([], obs, n_ubatch=512)
+        assert free.costs.step_ms == 0.0
+        assert any(n.startswith("decode.step_ms: fitted 0 ms") and "2-4 slots" in n
+                   for n in free.notes)
+        pinned = fit([], obs, n_ubatch=512, base=Costs().with_values({"step_ms": 6.0}, "given"),
+                     given={"step_ms"})
+        assert pinned.costs.step_ms == 6.0 and pinned.costs.origin("step_ms") == "given"
+        assert pinned.costs.origin("decode_per_kctx_ms") == "log"
+        assert 0 < pinned.costs.decode_per_kctx_ms < free.costs.decode_per_kctx_ms
+        assert not any(n.startswith("decode.step_ms") for n in pinned.notes)
 
     def test_what_the_log_cannot_tell_is_said(self) -> None:
         bare = loaded(field_scene())  # no times at all
@@ -400,6 +419,23 @@ class TestCommandLine:
         assert rows["cold_ttft_s"].predicted == rows["cold_ttft_s"].measured == pytest.approx(10.0)
         assert rows["short_ttft_p90_s"].predicted == pytest.approx(2.0)
         assert rows["short_ttft_p90_s"].measured == pytest.approx(2.0)
+
+
+    def test_a_request_counts_in_the_prediction_as_the_measured_log_counts_it(self) -> None:
+        """A cold request the model computed under `cold_tokens` (a warm-up that got further) is
+        still one of the cold requests whose windows and first tokens are compared."""
+        stream = {**record("s", 0.0, "a", 300, 0, 200), "ttft_ms": 100.0}
+        fast = {**record("c1", 1.0, "b", 3000, 0, 10), "ttft_ms": 2000.0}
+        slow = {**record("c2", 5.0, "c", 3000, 0, 10), "ttft_ms": 8000.0}
+        measured = loaded([stream, fast, slow])
+        # the model: c2 found 1,000 tokens warmed and computed 2,000 (< 2,500), in the same time
+        predicted = loaded([stream, fast, {**slow, "computed_tokens": 2000,
+                                           "timings": {**slow["timings"], "prompt_n": 2000,
+                                                       "cache_n": 1000}}])
+        assert figures(predicted, 2500)["cold_ttft_s"] == pytest.approx(2.0)  # counted apart
+        rows = {r.key: r for r in compare(predicted, measured, 2500)}
+        assert rows["cold_ttft_s"].measured == pytest.approx(5.0)
+        assert rows["cold_ttft_s"].predicted == pytest.approx(5.0)
 
 
 class TestSpeed:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,12 +182,14 @@ def lora_switch_ms(spans: Sequence[Span], costs: Costs, server: ServerSettings) 
 
 
 def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: int,
-        base: Costs | None = None) -> Calibration:
-    """Costs fitted to the observations; what they cannot tell stays at `base` (assumed)."""
+        base: Costs | None = None, given: Collection[str] = ()) -> Calibration:
+    """Costs fitted to the observations; what they cannot tell stays at `base` (assumed), and so
+    do the decode terms `given` (their field names): the other decode terms are fitted around
+    them."""
     costs = base if base is not None else Costs()
     cal = Calibration(costs, prefills=len(prefills), decodes=len(decodes))
     if decodes:
-        cal.costs = _fit_decode(cal, decodes)
+        cal.costs = _fit_decode(cal, decodes, given)
     else:
         cal.notes.append("decode: no reply of 16+ tokens generated mostly without a prompt beside it: "
                          "its costs are assumed")
@@ -244,30 +246,50 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     return cal.costs.with_values(found, "log")
 
 
-def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs]) -> Costs:
+def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
+                given: Collection[str] = ()) -> Costs:
     """The step, and the price of each other slot and of context where the observations vary in
-    them enough to tell; a term they cannot tell keeps its value and is taken out of the times
-    first (else the step's constant would be split with it at random)."""
+    them enough to tell; a term they cannot tell, or `given` (`--costs`), keeps its value and is
+    taken out of the times first (else the step's constant would be split with it at random)."""
     base = cal.costs
-    slots = max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5
-    kctx = max(o.kctx for o in obs) - min(o.kctx for o in obs) >= MIN_CTX_SPREAD / 1000.0
-    rows = np.array([(1.0, *((max(0.0, o.slots - 1.0),) if slots else ()),
-                      *((o.kctx,) if kctx else ())) for o in obs], dtype=np.float64)
-    y = np.array([o.step_ms - (0.0 if slots else base.per_slot_ms * max(0.0, o.slots - 1.0))
-                  - (0.0 if kctx else base.decode_per_kctx_ms * o.kctx) for o in obs],
-                 dtype=np.float64)
-    w = np.sqrt(np.array([o.steps for o in obs], dtype=np.float64))
-    values = iter(float(v) for v in nonnegative_lstsq(rows * w[:, None], y * w))
-    found = {"step_ms": next(values)}
-    if slots:
-        found["per_slot_ms"] = next(values)
-    else:
+    features: dict[str, Callable[[DecodeObs], float]] = {
+        "step_ms": lambda o: 1.0,
+        "per_slot_ms": lambda o: max(0.0, o.slots - 1.0),
+        "decode_per_kctx_ms": lambda o: o.kctx,
+    }
+    tells = {
+        "step_ms": True,
+        "per_slot_ms": max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5,
+        "decode_per_kctx_ms": (max(o.kctx for o in obs) - min(o.kctx for o in obs)
+                               >= MIN_CTX_SPREAD / 1000.0),
+    }
+    if not tells["per_slot_ms"]:
         cal.notes.append("decode: never more than one slot generating at a time: per_slot_ms "
                          "assumed")
-    if kctx:
-        found["decode_per_kctx_ms"] = next(values)
+    fitted = [k for k, tell in tells.items() if tell and k not in given]
+    kept = [k for k in features if k not in fitted]
     cal.steps = sum(o.steps for o in obs)
-    return cal.costs.with_values(found, "log")
+    if not fitted:
+        return base
+    rows = np.array([[features[k](o) for k in fitted] for o in obs], dtype=np.float64)
+    y = np.array([o.step_ms - sum(getattr(base, k) * features[k](o) for k in kept) for o in obs],
+                 dtype=np.float64)
+    w = np.sqrt(np.array([o.steps for o in obs], dtype=np.float64))
+    found = dict(zip(fitted, (float(v) for v in nonnegative_lstsq(rows * w[:, None], y * w)),
+                     strict=True))
+    if found.get("step_ms") == 0.0:
+        cal.notes.append(
+            f"decode.step_ms: fitted 0 ms: the log's decode windows ({_span(o.slots for o in obs)} "
+            f"slots generating, {_span(o.kctx for o in obs)}k cells) put a step's whole time on "
+            "its slots and context, so a short stream generating alone is priced too fast; give "
+            "decode.step_ms with --costs (the predicted_per_token_ms of a short request sent alone) "
+            "and the rest is fitted around it")
+    return base.with_values(found, "log")
+
+
+def _span(values: Iterable[float]) -> str:
+    ordered = sorted(values)
+    return f"{ordered[0]:.3g}-{ordered[-1]:.3g}"
 
 
 def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None,

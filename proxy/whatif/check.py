@@ -4,14 +4,20 @@ longest gap while a cold prompt is computed, short turns' p90 time to first toke
 
 Logs of the same scripted day (`bench day` names its requests) are compared over the requests both
 have: the measured day may end before a request the recorded one played, or play one more, and
-over twenty short turns one request more or less moves the p90 to another rank. Logs with other
-ids are compared whole. A request the measured log could not size (its client left, or the
-recording ended, before llama-server said its sizes) counts in the prediction as in the
-measured log: never cold, whatever size the prediction knew.
+over twenty short turns one request more or less moves the p90 to another rank. And each request
+counts in the prediction as the measured log counts it (cold, short, or neither): a request near
+a threshold can compute a few hundred tokens more or less in the model (a warm-up that got further,
+a cache hit), and counted apart the two logs' figures would be over other requests (a slotwise
+day: the one slow cold window of three, `ann-5`'s, computed 1,583 tokens measured and 1,199 in the
+model, and the rate over the other two read +71 % where the same three read +11 %). A request the
+measured log could not size (its client left, or the recording ended, before llama-server said
+its sizes) is never cold: it counts among the short turns in both. Logs with other ids are
+compared whole, each counting its own.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -34,13 +40,12 @@ FIGURES = (
 
 
 def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
-            unsized: Mapping[str, bool] | None = None) -> dict[str, float | None]:
-    """`unsized`: ids another log could not size, each with whether that log counts it among the
-    short turns; here they count the same way (never cold), whatever size this log knows."""
-    unsized = unsized or {}
+            kinds: Mapping[str, Kind] | None = None) -> dict[str, float | None]:
+    """`kinds`: how another log counts each request (`counted`); these count the same way,
+    whatever sizes this log knows. Without: as this log counts them."""
+    kinds = counted(records, cold_tokens) if kinds is None else kinds
     turns = [r for r in records if is_turn(r)]
-    cold = {str(r.get("id")): r for r in turns
-            if str(r.get("id")) not in unsized and (new_tokens(r) or 0) >= cold_tokens}
+    cold = {str(r.get("id")): r for r in turns if kinds.get(str(r.get("id"))) is Kind.COLD}
     ttfts = [t / 1000.0 for r in cold.values() if (t := num(r, "ttft_ms")) is not None]
     events = ms = 0.0
     gaps = []
@@ -53,14 +58,34 @@ def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
         ms += sum(num(ov, "decode_ms") or 0.0 for ov in inside)
         if (gap := num(record, "gap_max_ms")) is not None:
             gaps.append(gap / 1000.0)
-    short = sorted(t / 1000.0 for r in records if unsized.get(
-        str(r.get("id")), (new_tokens(r) or 0) < SHORT_TOKENS) and (t := _first_token_ms(r)) is not None)
+    short = sorted(t / 1000.0 for r in records if kinds.get(str(r.get("id"))) is Kind.SHORT
+                   and (t := _first_token_ms(r)) is not None)
     return {
         "cold_ttft_s": statistics.median(ttfts) if ttfts else None,
         "stream_rate": events / (ms / 1000.0) if ms > 0 else None,
         "stream_gap_s": max(gaps) if gaps else None,
         "short_ttft_p90_s": percentile(short, 90) if short else None,
     }
+
+
+class Kind(enum.Enum):
+    COLD = "cold"
+    SHORT = "short"
+    BETWEEN = "between"
+    """Neither: a turn of at least SHORT_TOKENS and under `cold_tokens` new tokens."""
+
+
+def counted(records: Sequence[RecordLine], cold_tokens: int) -> dict[str, Kind]:
+    """Each generation request's kind by its new tokens; one this log could not size is short
+    (it is never cold: its size is unknown)."""
+    kinds = {}
+    for r in records:
+        if r.get("kind") not in COMPLETION_KINDS:
+            continue
+        new = new_tokens(r)
+        kinds[str(r.get("id"))] = (Kind.SHORT if new is None or new < SHORT_TOKENS
+                                   else Kind.COLD if new >= cold_tokens else Kind.BETWEEN)
+    return kinds
 
 
 def _first_token_ms(record: RecordLine) -> float | None:
@@ -96,12 +121,12 @@ class Row:
 def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
             cold_tokens: int = 2000) -> list[Row]:
     both = shared(predicted, measured)
+    kinds = None
     if both is not None:
         predicted = [r for r in predicted if str(r.get("id")) in both]
         measured = [r for r in measured if str(r.get("id")) in both]
-    unsized = {str(r.get("id")): _first_token_ms(r) is not None for r in measured
-               if r.get("kind") in COMPLETION_KINDS and new_tokens(r) is None}
-    p, m = figures(predicted, cold_tokens, unsized), figures(measured, cold_tokens)
+        kinds = counted(measured, cold_tokens)
+    p, m = figures(predicted, cold_tokens, kinds), figures(measured, cold_tokens, kinds)
     return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
 
 

@@ -116,12 +116,14 @@ def calibrate(inputs: Inputs, server: ServerSettings,
         prefills = task_prefill_obs(tasks, server) or prefills
         decodes = decode_obs(tasks) or decodes
         steps = progress_obs(tasks, server)
-    cal = fit([*prefills, *steps], decodes, server.n_ubatch)
+    given = inputs.costs_file
+    cal = fit([*prefills, *steps], decodes, server.n_ubatch,
+              Costs().with_values(given.values, "given") if given is not None else None,
+              given.values if given is not None else ())
     cal.prefills, cal.steps = len(prefills), len(steps)
     switch = lora_switch_ms(spans, cal.costs, server)
     if switch is not None:
         cal.costs = cal.costs.with_values({"lora_switch_ms": switch}, "log")
-    given = inputs.costs_file
     if given is not None:
         cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server, cal.costs)
         cal.costs = cal.costs.with_values(given.values, "given")
