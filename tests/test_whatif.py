@@ -17,7 +17,7 @@ from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
 from proxy.whatif.calibrate import DecodeObs, fit
-from proxy.whatif.check import compare, figures, passed
+from proxy.whatif.check import cold_requests, compare, figures, passed
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
@@ -436,6 +436,26 @@ class TestCommandLine:
         rows = {r.key: r for r in compare(predicted, measured, 2500)}
         assert rows["cold_ttft_s"].measured == pytest.approx(5.0)
         assert rows["cold_ttft_s"].predicted == pytest.approx(5.0)
+
+
+    def test_each_cold_request_is_shown_beside_its_measured_self(self) -> None:
+        """Where two days parted: each cold request's size, first token and what the streams got
+        meanwhile, in the prediction and in the real run."""
+        def day_of(cold_new: int, ttft_ms: float, events: int, ms: float) -> list[dict[str, Any]]:
+            cold = {**record("c", 1.0, "b", 3000, 3000 - cold_new, 10), "ttft_ms": ttft_ms}
+            stream = {**record("s", 0.0, "a", 300, 0, 200), "ttft_ms": 100.0,
+                      "gap_max_ms": ms / events * 3,
+                      "overlaps": [{"id": "c", "computed_tokens": cold_new,
+                                    "decode_events": events, "decode_ms": ms}]}
+            return loaded([stream, cold])
+        predicted, measured = day_of(2000, 2500.0, 40, 2000.0), day_of(3000, 5000.0, 20, 4000.0)
+        [row] = cold_requests(predicted, measured, 2500)
+        assert (row.req_id, row.new_tokens, row.ttft_s) == ("c", (2000, 3000), (2.5, 5.0))
+        assert [(w.events, w.ms) for w in row.beside if w] == [(40, 2000.0), (20, 4000.0)]
+        assert [w.gap_s for w in row.beside if w] == [pytest.approx(0.15), pytest.approx(0.6)]
+        rows = {r.key: r for r in compare(predicted, measured, 2500)}
+        assert rows["stream_rate"].predicted == pytest.approx(20.0)
+        assert rows["stream_rate"].measured == pytest.approx(5.0)
 
 
 class TestSpeed:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.record.timing import percentile
@@ -44,20 +44,12 @@ def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
     """`kinds`: how another log counts each request (`counted`); these count the same way,
     whatever sizes this log knows. Without: as this log counts them."""
     kinds = counted(records, cold_tokens) if kinds is None else kinds
-    turns = [r for r in records if is_turn(r)]
-    cold = {str(r.get("id")): r for r in turns if kinds.get(str(r.get("id"))) is Kind.COLD}
+    cold = {str(r.get("id")): r for r in records
+            if is_turn(r) and kinds.get(str(r.get("id"))) is Kind.COLD}
     ttfts = [t / 1000.0 for r in cold.values() if (t := num(r, "ttft_ms")) is not None]
-    events = ms = 0.0
-    gaps = []
-    for record in turns:
-        inside = [ov for ov in record.get("overlaps") or () if isinstance(ov, Mapping)
-                  and str(ov.get("id")) in cold and (num(ov, "decode_events") or 0) > 0]
-        if not inside:
-            continue
-        events += sum(num(ov, "decode_events") or 0.0 for ov in inside)
-        ms += sum(num(ov, "decode_ms") or 0.0 for ov in inside)
-        if (gap := num(record, "gap_max_ms")) is not None:
-            gaps.append(gap / 1000.0)
+    beside = windows(records, cold).values()
+    events, ms = sum(w.events for w in beside), sum(w.ms for w in beside)
+    gaps = [w.gap_s for w in beside if w.gap_s is not None]
     short = sorted(t / 1000.0 for r in records if kinds.get(str(r.get("id"))) is Kind.SHORT
                    and (t := _first_token_ms(r)) is not None)
     return {
@@ -66,6 +58,69 @@ def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
         "stream_gap_s": max(gaps) if gaps else None,
         "short_ttft_p90_s": percentile(short, 90) if short else None,
     }
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the streams got while one cold prompt was computed: the tokens they generated, the
+    time they decoded in its window, and the longest gap of any of their replies."""
+
+    events: float = 0.0
+    ms: float = 0.0
+    gap_s: float | None = None
+
+
+def windows(records: Sequence[RecordLine], cold: Collection[str]) -> dict[str, Window]:
+    """Each cold request's window, from the overlaps of the turns that decoded in it."""
+    out: dict[str, Window] = {}
+    for record in records:
+        if not is_turn(record):
+            continue
+        gap = num(record, "gap_max_ms")
+        for ov in record.get("overlaps") or ():
+            if not isinstance(ov, Mapping) or str(ov.get("id")) not in cold:
+                continue
+            if (events := num(ov, "decode_events") or 0.0) <= 0:
+                continue
+            was = out.get(str(ov.get("id")), Window())
+            gaps = [g for g in (was.gap_s, None if gap is None else gap / 1000.0) if g is not None]
+            out[str(ov.get("id"))] = Window(was.events + events,
+                                            was.ms + (num(ov, "decode_ms") or 0.0),
+                                            max(gaps, default=None))
+    return out
+
+
+@dataclass(frozen=True)
+class ColdRequest:
+    """One cold request in the prediction and in the measured run (None where a log lacks it)."""
+
+    req_id: str
+    new_tokens: tuple[float | None, float | None]
+    ttft_s: tuple[float | None, float | None]
+    beside: tuple[Window | None, Window | None]
+
+
+def cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+                  cold_tokens: int = 2000) -> list[ColdRequest]:
+    """The cold requests of one day's two logs, as the measured run counts them, side by side:
+    what `compare`'s first two figures are made of."""
+    kinds = counted(measured, cold_tokens)
+    cold = [i for i, kind in kinds.items() if kind is Kind.COLD]
+    logs = [{str(r.get("id")): r for r in log if is_turn(r)} for log in (predicted, measured)]
+    beside = [windows(log, cold) for log in (predicted, measured)]
+    out = []
+    for req_id in cold:
+        found = [log.get(req_id) for log in logs]
+        ttfts = [None if r is None or (t := num(r, "ttft_ms")) is None else t / 1000.0
+                 for r in found]
+        out.append(ColdRequest(
+            req_id, (_new(found[0]), _new(found[1])), (ttfts[0], ttfts[1]),
+            (beside[0].get(req_id), beside[1].get(req_id))))
+    return out
+
+
+def _new(record: RecordLine | None) -> float | None:
+    return None if record is None else new_tokens(record)
 
 
 class Kind(enum.Enum):

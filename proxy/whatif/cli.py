@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from proxy.report.records import InputError, RecordLine, load_timing_log
-from proxy.whatif.check import FIGURES, compare, passed, shared, show
+from proxy.whatif.check import FIGURES, cold_requests, compare, passed, shared, show
 from proxy.whatif.costs import KEYS, CostsError, load_costs
 from proxy.whatif.predict import Inputs, Prediction, predict
 from proxy.whatif.settings import SERVER_KEYS, SettingsError, load_config_data
@@ -151,6 +152,25 @@ def _check(p: Prediction, measured: list[RecordLine], tolerance: float, cold: in
         shown = "—" if error is None else f"{error:+.0%}"
         print(f"{row.label.ljust(width)}  {show(row.predicted):>9}  {show(row.measured):>8}  "
               f"{shown:>6}{mark}")
+    if both is not None:
+        _cold_requests(predicted, measured, cold)
     ok = passed(rows, tolerance)
     print(f"within ±{tolerance:.0%}: {'yes' if ok else 'no'}")
     return 0 if ok else 1
+
+
+def _cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+                   cold: int) -> None:
+    """What the first two figures are made of, request by request: where the two days parted."""
+    found = cold_requests(predicted, measured, cold)
+    if not found:
+        return
+    print(f"cold requests (>= {cold:,} new tokens measured), predicted / measured:")
+    width = max(len(c.req_id) for c in found)
+    for c in found:
+        tokens = " / ".join("—" if n is None else f"{n:,.0f}" for n in c.new_tokens)
+        ttft = " / ".join("—" if t is None else f"{t:.2f}" for t in c.ttft_s)
+        beside = " / ".join("nobody" if w is None else f"{w.events:.0f} events in {w.ms / 1000:.1f} s"
+                            for w in c.beside)
+        print(f"  {c.req_id.ljust(width)}  new tokens {tokens};  first token {ttft} s;  "
+              f"streams beside it {beside}")
