@@ -39,6 +39,26 @@ FIGURES = (
 )
 
 
+class Kind(enum.Enum):
+    COLD = "cold"
+    SHORT = "short"
+    BETWEEN = "between"
+    """Neither: a turn of at least SHORT_TOKENS and under `cold_tokens` new tokens."""
+
+
+def counted(records: Sequence[RecordLine], cold_tokens: int) -> dict[str, Kind]:
+    """Each generation request's kind by its new tokens; one this log could not size is short
+    (it is never cold: its size is unknown)."""
+    kinds = {}
+    for r in records:
+        if r.get("kind") not in COMPLETION_KINDS:
+            continue
+        new = new_tokens(r)
+        kinds[str(r.get("id"))] = (Kind.SHORT if new is None or new < SHORT_TOKENS
+                                   else Kind.COLD if new >= cold_tokens else Kind.BETWEEN)
+    return kinds
+
+
 def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
             kinds: Mapping[str, Kind] | None = None) -> dict[str, float | None]:
     """`kinds`: how another log counts each request (`counted`); these count the same way,
@@ -121,26 +141,6 @@ def cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine
 
 def _new(record: RecordLine | None) -> float | None:
     return None if record is None else new_tokens(record)
-
-
-class Kind(enum.Enum):
-    COLD = "cold"
-    SHORT = "short"
-    BETWEEN = "between"
-    """Neither: a turn of at least SHORT_TOKENS and under `cold_tokens` new tokens."""
-
-
-def counted(records: Sequence[RecordLine], cold_tokens: int) -> dict[str, Kind]:
-    """Each generation request's kind by its new tokens; one this log could not size is short
-    (it is never cold: its size is unknown)."""
-    kinds = {}
-    for r in records:
-        if r.get("kind") not in COMPLETION_KINDS:
-            continue
-        new = new_tokens(r)
-        kinds[str(r.get("id"))] = (Kind.SHORT if new is None or new < SHORT_TOKENS
-                                   else Kind.COLD if new >= cold_tokens else Kind.BETWEEN)
-    return kinds
 
 
 def _first_token_ms(record: RecordLine) -> float | None:
