@@ -9,7 +9,7 @@ counts in the prediction as the measured log counts it (cold, short, or neither)
 a threshold can compute a few hundred tokens more or less in the model (a warm-up that got further,
 a cache hit), and counted apart the two logs' figures would be over other requests (a slotwise
 day: the one slow cold window of three, `ann-5`'s, computed 1,583 tokens measured and 1,199 in the
-model, and the rate over the other two read +71 % where the same three read +11 %). A request the
+model, and the rate over the other two read +71 % where the same three read +4 %). A request the
 measured log could not size (its client left, or the recording ended, before llama-server said
 its sizes) is never cold: it counts among the short turns in both. Logs with other ids are
 compared whole, each counting its own.
