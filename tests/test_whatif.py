@@ -17,7 +17,7 @@ from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
 from proxy.whatif.calibrate import DecodeObs, fit
-from proxy.whatif.check import cold_requests, compare, figures, passed
+from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
@@ -456,6 +456,19 @@ class TestCommandLine:
         rows = {r.key: r for r in compare(predicted, measured, 2500)}
         assert rows["stream_rate"].predicted == pytest.approx(20.0)
         assert rows["stream_rate"].measured == pytest.approx(5.0)
+
+
+    def test_the_short_turns_late_in_either_log_are_shown_side_by_side(self) -> None:
+        """The p90 rests on a few late turns: one late only in the model shows beside its real
+        first token."""
+        def day_of(ttfts: dict[str, float]) -> list[dict[str, Any]]:
+            return loaded([{**record(i, float(n), "a", 300, 0, 10), "ttft_ms": t * 1000.0}
+                           for n, (i, t) in enumerate(ttfts.items())])
+        quick = {f"q{i}": 1.0 for i in range(6)}
+        measured = day_of({**quick, "late": 30.0, "moved": 2.0})
+        predicted = day_of({**quick, "late": 28.0, "moved": 40.0})
+        rows = slowest_short(predicted, measured, n=1)
+        assert rows == [("moved", 40.0, 2.0), ("late", 28.0, 30.0)]
 
 
 class TestSpeed:

@@ -139,6 +139,19 @@ def cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine
     return out
 
 
+def slowest_short(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+                  cold_tokens: int = 2000, n: int = 3) -> list[tuple[str, float | None, float | None]]:
+    """The short turns among the `n` latest first tokens of either of one day's two logs (what the
+    p90 rests on), latest first, each with its first token predicted and measured, in seconds."""
+    kinds = counted(measured, cold_tokens)
+    firsts = [{str(r.get("id")): t / 1000.0 for r in log
+               if kinds.get(str(r.get("id"))) is Kind.SHORT
+               and (t := _first_token_ms(r)) is not None} for log in (predicted, measured)]
+    latest = {i for log in firsts for i in sorted(log, key=log.__getitem__, reverse=True)[:n]}
+    rows = [(i, firsts[0].get(i), firsts[1].get(i)) for i in latest]
+    return sorted(rows, key=lambda row: max(t for t in row[1:] if t is not None), reverse=True)
+
+
 def _new(record: RecordLine | None) -> float | None:
     return None if record is None else new_tokens(record)
 

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from proxy.report.records import InputError, RecordLine, load_timing_log
-from proxy.whatif.check import FIGURES, cold_requests, compare, passed, shared, show
+from proxy.whatif.check import (
+    FIGURES,
+    cold_requests,
+    compare,
+    passed,
+    shared,
+    show,
+    slowest_short,
+)
 from proxy.whatif.costs import KEYS, CostsError, load_costs
 from proxy.whatif.predict import Inputs, Prediction, predict
 from proxy.whatif.settings import SERVER_KEYS, SettingsError, load_config_data
@@ -153,20 +161,19 @@ def _check(p: Prediction, measured: list[RecordLine], tolerance: float, cold: in
         print(f"{row.label.ljust(width)}  {show(row.predicted):>9}  {show(row.measured):>8}  "
               f"{shown:>6}{mark}")
     if both is not None:
-        _cold_requests(predicted, measured, cold)
+        _by_request(predicted, measured, cold)
     ok = passed(rows, tolerance)
     print(f"within ±{tolerance:.0%}: {'yes' if ok else 'no'}")
     return 0 if ok else 1
 
 
-def _cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
-                   cold: int) -> None:
-    """What the first two figures are made of, request by request: where the two days parted."""
+def _by_request(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+                cold: int) -> None:
+    """What the figures are made of, request by request: where the two days parted."""
     found = cold_requests(predicted, measured, cold)
-    if not found:
-        return
-    print(f"cold requests (>= {cold:,} new tokens measured), predicted / measured:")
-    width = max(len(c.req_id) for c in found)
+    if found:
+        print(f"cold requests (>= {cold:,} new tokens measured), predicted / measured:")
+    width = max((len(c.req_id) for c in found), default=0)
     for c in found:
         tokens = " / ".join("—" if n is None else f"{n:,.0f}" for n in c.new_tokens)
         ttft = " / ".join("—" if t is None else f"{t:.2f}" for t in c.ttft_s)
@@ -174,3 +181,8 @@ def _cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLin
                             for w in c.beside)
         print(f"  {c.req_id.ljust(width)}  new tokens {tokens};  first token {ttft} s;  "
               f"streams beside it {beside}")
+    slowest = slowest_short(predicted, measured, cold)
+    if slowest:
+        shown = ", ".join(f"{i} {'—' if p is None else f'{p:.1f}'} / "
+                          f"{'—' if m is None else f'{m:.1f}'} s" for i, p, m in slowest)
+        print(f"short turns with the latest first tokens, predicted / measured: {shown}")
