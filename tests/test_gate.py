@@ -542,6 +542,7 @@ async def test_a_slot_that_frees_goes_to_the_held_turn_and_the_warm_up_waits_for
         rig.clock.now = 1.0
         finish(rig, s1)
         await short  # the turn held for a slot has the one that freed
+        assert x.prefill.slot_wait_ms == 1000.0  # its record says what a third slot spared
         rig.registry.move(x, Phase.PREFILLING, rig.clock.now)
         warmer.wake.set()
         await settle()

@@ -12,9 +12,12 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.ops.metrics import MAX_PURPOSES, Purposes, decode_rate, server_queue_wait_ms
+from proxy.config import parse_config
+from proxy.ops.metrics import MAX_PURPOSES, Metrics, Purposes, decode_rate, server_queue_wait_ms
 from proxy.record.schema import Record
+from proxy.record.timing_log import TimingLog
 from proxy.runner import ProxyThread
+from proxy.state import ProxyState
 from tests.conftest import StartProxy
 from tests.fake_upstream import make_app
 from tests.helpers import serve_app
@@ -165,3 +168,23 @@ def test_purposes_past_the_cap_count_as_other() -> None:
     assert names[MAX_PURPOSES:] == ["other"] * 3
     assert purposes.label("p0") == "p0"
     assert purposes.label(None) == "none"
+
+
+async def test_slot_waits_count_what_more_slots_would_have_spared(tmp_path: Any) -> None:
+    """Requests held because every slot was in use: how many, and for how long in all."""
+    config = parse_config({"upstream": {"url": "http://127.0.0.1:9"},
+                           "log": {"timing": str(tmp_path / "timing.jsonl")}})
+    async with aiohttp.ClientSession() as session:
+        state = ProxyState(config=config, timing_log=TimingLog(config.log.timing), session=session)
+        try:
+            metrics = Metrics(state)
+            for rid, wait in (("a", 2500.0), ("b", 500.0), ("c", 0.0)):
+                metrics.observe_record(Record(id=rid, kind="chat", purpose="chat",
+                                              prefill_plan="held", held_ms=3000.0,
+                                              slot_wait_ms=wait))
+            found = samples(metrics.exposition().decode())
+        finally:
+            state.timing_log.close()
+    assert found[key("slotwise_slot_waits_total", endpoint="chat", purpose="chat")] == 2
+    assert found[key("slotwise_slot_wait_seconds_total", endpoint="chat",
+                     purpose="chat")] == pytest.approx(3.0)

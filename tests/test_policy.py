@@ -818,6 +818,20 @@ class TestRule12EverySlotUserCounts:
         assert p.on_finished("s2", 1.0) == [Admit("x", "held for a free slot (2 of 2 in use); not cold")]
         assert p.on_client_left("s1", 2.0) == [Admit("y", "held for a free slot (2 of 2 in use); not cold")]
 
+    def test_how_long_each_waited_for_a_slot_is_told_once(self) -> None:
+        """The record's `slot_wait_ms`: what more slots would have spared it, also when its client
+        gave up waiting; a request never held for a slot waited none."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        p.on_arrival("x", 100, 100, 0.5)
+        p.on_arrival("y", 100, 100, 1.0)
+        p.on_finished("s2", 3.0)  # x goes
+        p.on_client_left("y", 4.5)  # y gives up
+        assert (p.slot_wait_s("x"), p.slot_wait_s("y")) == (2.5, 3.5)
+        assert p.slot_wait_s("x") == 0.0  # told once
+        assert p.slot_wait_s("s1") == 0.0
+
     def test_a_cold_request_waits_for_a_slot_before_its_first_piece(self) -> None:
         p = policy(slots=1)
         busy(p)

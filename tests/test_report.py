@@ -360,6 +360,18 @@ def test_policy_table_held_times_for_defer() -> None:
     assert rows["held, then forwarded (defer)"] == (2, (50.0, 3.0, 4.0))
     assert rows["fed in pieces (chunk)"] == (0, (0.0, None, None))
     assert rows["plan queued"][0] == 1
+    assert "of them, waiting for a free slot" not in rows  # a log without slot waits
+
+
+def test_policy_table_says_how_many_waited_for_a_free_slot() -> None:
+    records = [
+        rec("a", 0, 5, prefill_plan="held", held_ms=3000.0, slot_wait_ms=3000.0),
+        rec("b", 10, 5, prefill_plan="chunked", held_ms=9000.0, slot_wait_ms=1000.0),
+        rec("c", 20, 5, prefill_plan="held", held_ms=2000.0, slot_wait_ms=0.0),
+        rec("n", 30, 5),
+    ]
+    rows = table(record_tables.policy_table(records))
+    assert rows["of them, waiting for a free slot"] == (2, (50.0, 2.0, 3.0))
 
 
 def write_log(path: Path, records: list[dict[str, Any]], extra: str = "") -> Path:

@@ -66,6 +66,13 @@ class Metrics:
                             LABELS, registry=reg)
         self.chunked = Counter("slotwise_prompts_chunked",
                                "Prompts the prefill policy fed in pieces", LABELS, registry=reg)
+        self.slot_waits = Counter(
+            "slotwise_slot_waits", "Requests held because every llama-server slot was in use "
+            "(or claimed for a restore): more slots would have served them at once", LABELS,
+            registry=reg)
+        self.slot_wait = Counter("slotwise_slot_wait_seconds",
+                                 "Time requests were held because every slot was in use", LABELS,
+                                 registry=reg)
         reg.register(LiveCollector(state))
         self.state = state
         self._gaps_seen: dict[str, int] = {}
@@ -86,6 +93,9 @@ class Metrics:
             self.held.labels(*labels).inc()
         elif plan == PrefillPlan.CHUNKED:
             self.chunked.labels(*labels).inc()
+        if record.slot_wait_ms > 0:
+            self.slot_waits.labels(*labels).inc()
+            self.slot_wait.labels(*labels).inc(record.slot_wait_ms / 1000.0)
         if record.kind not in GENERATING:
             return
         if not (record.stream and record.events):  # else seen at its first token

@@ -142,6 +142,7 @@ class PrefillGate:
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)
+            facts.slot_wait_ms = round(self._policy.slot_wait_s(key) * 1000.0, 1)
         if isinstance(release, Reject):
             raise Rejected(f"slotwise is holding too many cold prompts: {release.reason}")
         if release.reason not in QUIET_REASONS:

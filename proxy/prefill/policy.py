@@ -134,6 +134,7 @@ class PrefillPolicy:
         the server) and they go in arrival order, one per slot that frees, before a cold plan's
         first piece, unless that plan has waited its own time alone since it arrived (rule 4's
         bound): then the slot is its own; a restore waiting goes before them all (rule 14).
+        How long each was held so is its record's `slot_wait_ms` (`slot_wait_s`).
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
         `off` every plan is released at once.
     14. Restores (keep_kv). A request a kept file holds part of (`Restorable`) is restored before
@@ -253,6 +254,7 @@ class PrefillPolicy:
                                        self._use.decoders(besides=req_id),
                                        self._use.cells(besides=req_id))
         self._line.landed(req_id)
+        self._line.waited.pop(req_id, None)  # the gate has read it, if it held the request
         if not self._use.ended(req_id):
             return []
         self._line.restores.a_request_finished()
@@ -299,7 +301,7 @@ class PrefillPolicy:
 
     def on_client_left(self, req_id: str, now: float) -> list[Decision]:
         self._notes.pop(req_id, None)
-        waited = self._line.left(req_id)
+        waited = self._line.left(req_id, now)
         held = self._plans.held.pop(req_id, None)
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
@@ -328,6 +330,11 @@ class PrefillPolicy:
         times = [t for t in (self._line.next_wakeup(), self._plans.next_wakeup(self._server()))
                  if t is not None]
         return min(times, default=None)
+
+    def slot_wait_s(self, req_id: str) -> float:
+        """How long the request was held because every slot was in use or claimed (rules 12 and
+        14), all told; asked once, when the gate is done with it (the record's `slot_wait_ms`)."""
+        return self._line.waited.pop(req_id, 0.0)
 
     def save_ok(self) -> bool:
         """Rule 16: whether a save may go now (nobody else uses the server)."""
@@ -380,7 +387,7 @@ class PrefillPolicy:
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
         taken = self._taken()
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
-            return [Hold(req_id, self._line.hold(req))]
+            return [Hold(req_id, self._line.hold(req, now))]
         if goes_now:
             return self._admit(req, "prefill.mode off" if self._cfg.mode == "off"
                                else "not cold", now)

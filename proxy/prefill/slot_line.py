@@ -23,6 +23,11 @@ class SlotLine:
         self.behind: dict[str, tuple[Arrived, str]] = {}
         """Held until a slot is free and none is claimed for a restore, in arrival order, with
         why they were held."""
+        self._since: dict[str, float] = {}
+        """When each one held behind was put there."""
+        self.waited: dict[str, float] = {}
+        """Seconds each request spent held behind, once it left (the record's `slot_wait_ms`;
+        the policy hands it out)."""
         self._landing: dict[str, float] = {}
         """Restored requests sent, until their prompt starts (at most SENT_GRACE_S)."""
 
@@ -63,17 +68,25 @@ class SlotLine:
 
     # ---- events ------------------------------------------------------------------------------
 
-    def hold(self, req: Arrived) -> str:
+    def hold(self, req: Arrived, now: float) -> str:
         """Hold it until a slot is free for it; why."""
         why = self.why_held()
         self.behind[req.req_id] = (req, why)
+        self._since[req.req_id] = now
         return why
 
     def next_behind(self, now: float, taken: int) -> tuple[Arrived, str] | None:
         """The first one held and why, if a slot is free for it now (it leaves the line)."""
         if not self.behind or self.claimed(now, taken) or self.full(taken):
             return None
-        return self.behind.pop(next(iter(self.behind)))
+        req_id = next(iter(self.behind))
+        self._leave_behind(req_id, now)
+        return self.behind.pop(req_id)
+
+    def _leave_behind(self, req_id: str, now: float) -> None:
+        since = self._since.pop(req_id, None)
+        if since is not None:
+            self.waited[req_id] = self.waited.get(req_id, 0.0) + max(0.0, now - since)
 
     def land(self, req_id: str, now: float) -> None:
         """A restored request was sent: the others wait until its prompt starts."""
@@ -83,9 +96,10 @@ class SlotLine:
         """Its prompt started (or it ended); whether it was landing."""
         return self._landing.pop(req_id, None) is not None
 
-    def left(self, req_id: str) -> bool:
+    def left(self, req_id: str, now: float) -> bool:
         """Its client left; whether it was waiting for a slot."""
         self._landing.pop(req_id, None)
+        self._leave_behind(req_id, now)
         return (self.restores.pop(req_id) or self.behind.pop(req_id, None)) is not None
 
     def next_wakeup(self) -> float | None:

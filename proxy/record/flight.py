@@ -46,6 +46,8 @@ class PrefillFacts:
 
     plan: PrefillPlan = PrefillPlan.NONE
     held_ms: float = 0.0
+    slot_wait_ms: float = 0.0
+    """Of `held_ms`, the time every slot of llama-server was in use or claimed for a restore."""
     pieces: int = 0
     fed_tokens: int = 0
     """Prompt tokens the server computed ahead of the request, in pieces."""

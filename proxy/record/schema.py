@@ -81,6 +81,7 @@ class Record:
     overlaps_total: int = 0
     prefill_plan: str = "none"
     held_ms: float = 0.0
+    slot_wait_ms: float = 0.0
     pieces: int = 0
     est_prompt_tokens: int | None = None
     est_new_tokens: int | None = None
@@ -133,7 +134,8 @@ def build_record(flight: Flight) -> Record:
         lora_rewritten=flight.lora_rewritten, progress_added=flight.progress_added,
         inflight_at_start=tuple(flight.inflight_at_start), overlaps=biggest(every_overlap),
         overlaps_total=len(every_overlap),
-        prefill_plan=str(prefill.plan), held_ms=prefill.held_ms, pieces=prefill.pieces,
+        prefill_plan=str(prefill.plan), held_ms=prefill.held_ms,
+        slot_wait_ms=prefill.slot_wait_ms, pieces=prefill.pieces,
         est_prompt_tokens=prefill.est_prompt_tokens, est_new_tokens=prefill.est_new_tokens,
         policy_note=safe_text(prefill.note, MAX_ERROR_CHARS), node=flight.node,
         warmed_tokens=flight.warmed_tokens, warm_ids=tuple(flight.warm_ids),

@@ -102,6 +102,10 @@ def policy_table(records: Sequence[RecordLine]) -> Table:
             rows.append(Row(label, len(group), (share, None, None)))
         else:
             rows.append(Row(label, len(group), (share, *_held(held))))
+    waits = [w / 1000 for r in records if (w := num(r, "slot_wait_ms") or 0.0) > 0]
+    if waits:  # of those held or fed: what more slots would have spared
+        rows.append(Row("of them, waiting for a free slot", len(waits),
+                        (100 * len(waits) / len(records), *_held(waits))))
     chunked = by_plan.get("chunked", [])
     pieces = sum(int(num(r, "pieces") or 0) for r in chunked)
     fed = sum(fed_tokens(r) for r in chunked)

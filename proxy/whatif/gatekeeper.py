@@ -126,6 +126,10 @@ class PolicySeam:
             return []
         return self._actions(self._policy.on_client_left(key, now))
 
+    def slot_wait_ms(self, key: str) -> float:
+        """How long the policy held the request for a slot (the record's `slot_wait_ms`)."""
+        return 0.0 if self._policy is None else round(self._policy.slot_wait_s(key) * 1000.0, 1)
+
     def tick(self, now: float) -> list[Action]:
         return [] if self._policy is None else self._actions(self._policy.on_tick(now))
 

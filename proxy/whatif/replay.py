@@ -192,6 +192,7 @@ class Replay:
         facts = live.flight.prefill
         if live.held_at is not None:
             facts.held_ms = round((now - live.held_at) * 1000.0, 1)
+        facts.slot_wait_ms = self.policy.slot_wait_ms(live.key)
         if action.reason not in QUIET_REASONS:
             facts.note = action.reason
         job = live.job
@@ -235,6 +236,8 @@ class Replay:
         if live.task is not None:
             self.server.cancel(live.task, now)
         self._apply(self.policy.client_left(live.key, now), now)
+        if live.task is None:  # it left while held: as the gate writes it then
+            live.flight.prefill.slot_wait_ms = self.policy.slot_wait_ms(live.key)
         self.witness.gone(live.flight, live.task, live.job.events, now)
 
     def _finish(self, live: _Live, now: float) -> None:
