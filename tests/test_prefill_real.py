@@ -1,6 +1,7 @@
 """The prefill gate in front of a real llama-server (tiny model): a chunked prompt finds itself
 cached, a cold prompt with nobody generating is not delayed, a held request whose client leaves
-never reaches the server, and a failed piece fails open."""
+never reaches the server, a failed piece fails open, and a turn held for a free slot says how
+long."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
@@ -355,3 +357,33 @@ def test_a_background_job_is_fed_in_pieces_where_a_chat_turn_goes_whole(
     assert translation["prefill_plan"] == "chunked" and translation["pieces"] >= 2, (
         translation["policy_note"], translation["est_new_tokens"], translation["inflight_at_start"])
     assert "cold: a background job: sent whole, its" in translation["policy_note"]
+
+
+def test_a_turn_held_for_a_free_slot_says_so_in_its_record_and_metrics(
+        server: LlamaServer, start_proxy: StartProxy) -> None:
+    """Three streams hold the server's three slots: a short turn waits in slotwise (sent, it would
+    only queue in llama-server) until one ends, and its record and /metrics say how long: what a
+    fourth slot would have spared it."""
+    proxy = start_proxy(server.url, **prefill("chunk", cold_tokens=100_000))
+    streams = [Stream(proxy.url) for _ in range(3)]
+    try:
+        result: dict[str, Any] = {}
+        turn = threading.Thread(target=lambda: result.update(response=call(
+            "POST", proxy.url + "/v1/chat/completions", cold_body(41, 20))))
+        turn.start()
+        wait_in_flight(proxy.url, 4)
+        time.sleep(1.0)
+        streams[0].close()
+        turn.join(30)
+    finally:
+        for stream in streams:
+            stream.close()
+    assert result["response"].status_code == 200
+    text = call("GET", proxy.url + "/metrics").content.decode()
+    waits = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+             if s.name == "slotwise_slot_wait_seconds_total"]
+    assert sum(waits) >= 0.9
+    proxy.stop()  # every record written
+    [record] = [r for r in read_records(proxy) if not r["stream"]]
+    assert record["policy_note"].startswith("held for a free slot (3 of 3 in use)"), record
+    assert 900 <= record["slot_wait_ms"] <= record["held_ms"]
