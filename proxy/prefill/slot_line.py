@@ -20,11 +20,9 @@ class SlotLine:
         self.slots = slots
         """The server's slot count (`/props`); None until known."""
         self.restores = RestoreLine()
-        self.behind: dict[str, tuple[Arrived, str]] = {}
+        self.behind: dict[str, tuple[Arrived, str, float]] = {}
         """Held until a slot is free and none is claimed for a restore, in arrival order, with
-        why they were held."""
-        self._since: dict[str, float] = {}
-        """When each one held behind was put there."""
+        why they were held and since when."""
         self.waited: dict[str, float] = {}
         """Seconds each request spent held behind, once it left (the record's `slot_wait_ms`;
         the policy hands it out)."""
@@ -71,22 +69,21 @@ class SlotLine:
     def hold(self, req: Arrived, now: float) -> str:
         """Hold it until a slot is free for it; why."""
         why = self.why_held()
-        self.behind[req.req_id] = (req, why)
-        self._since[req.req_id] = now
+        self.behind[req.req_id] = (req, why, now)
         return why
 
     def next_behind(self, now: float, taken: int) -> tuple[Arrived, str] | None:
         """The first one held and why, if a slot is free for it now (it leaves the line)."""
         if not self.behind or self.claimed(now, taken) or self.full(taken):
             return None
-        req_id = next(iter(self.behind))
-        self._leave_behind(req_id, now)
-        return self.behind.pop(req_id)
+        req, why, _ = self._leave_behind(next(iter(self.behind)), now)
+        return req, why
 
-    def _leave_behind(self, req_id: str, now: float) -> None:
-        since = self._since.pop(req_id, None)
-        if since is not None:
-            self.waited[req_id] = self.waited.get(req_id, 0.0) + max(0.0, now - since)
+    def _leave_behind(self, req_id: str, now: float) -> tuple[Arrived, str, float]:
+        """It leaves the line; what it waited there adds to `waited`."""
+        req, why, since = self.behind.pop(req_id)
+        self.waited[req_id] = self.waited.get(req_id, 0.0) + max(0.0, now - since)
+        return req, why, since
 
     def land(self, req_id: str, now: float) -> None:
         """A restored request was sent: the others wait until its prompt starts."""
@@ -99,8 +96,10 @@ class SlotLine:
     def left(self, req_id: str, now: float) -> bool:
         """Its client left; whether it was waiting for a slot."""
         self._landing.pop(req_id, None)
-        self._leave_behind(req_id, now)
-        return (self.restores.pop(req_id) or self.behind.pop(req_id, None)) is not None
+        if req_id in self.behind:
+            self._leave_behind(req_id, now)
+            return True
+        return self.restores.pop(req_id) is not None
 
     def next_wakeup(self) -> float | None:
         """A restore's wait running out, or a landing's grace ending with somebody behind it."""
