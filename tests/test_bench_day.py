@@ -361,6 +361,24 @@ def test_a_returning_user_who_finds_every_slot_taken_waits_until_the_first_comes
     assert day_figures(calls)["returning"][0]["slot_wait_s"] is None  # slots not known
 
 
+def test_the_days_table_counts_every_request_that_found_every_slot_taken() -> None:
+    busy = [call(f"b{n}", Act.CHAT, result(0.0, 0.1, ticks(1.0, end, 0.5), 40))
+            for n, end in enumerate((9.0, 7.0))]
+    stuck = call("cho-0", Act.CHAT, StreamResult(sent=0.5, headers=None, tokens=[], ended=11.0,
+                                                 status=200))  # in a slot, its prompt not begun
+    late = [call("c", Act.CHAT, result(3.0, 9.5, [10.0, 10.5], 60)),  # waits for b1's slot
+            call("d", Act.CHAT, result(8.0, 8.5, [9.0, 9.5], 60))]  # then for b0's
+    figures = day_figures([*busy, stuck, *late], slots=3)
+    assert figures["slot_waits"] == [pytest.approx(7.01 - 3.0), pytest.approx(9.01 - 8.0)]
+    assert day_figures([*busy, *late])["slot_waits"] is None  # slots not known
+    runs = [{"direct": figures, "slotwise": day_figures(busy, slots=3)}]
+    lines = printed(day_grid(runs, "report")).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("requests that found"))
+    assert lines[at].split()[-2:] == ["2", "0"]
+    assert lines[at + 1].split()[-3:] == ["2.5", "s", "–"]  # the median wait
+    assert lines[at + 2].split()[-3:] == ["4.0", "s", "–"]  # the longest
+
+
 def test_a_cold_request_is_one_that_computed_a_long_prompt_on_its_own_path() -> None:
     """Through slotwise, the pieces fed first count as computed for the request; a restored
     history does not; a request cut before its first token has no size to time alone."""

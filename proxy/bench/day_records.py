@@ -14,6 +14,7 @@ slotwise's registry).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,7 +145,8 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
                 ) -> dict[str, Any]:
     """The figures beside the report's tables: the returning users' and post-summary turns' time
     to first token (with what slotwise restored or warmed for them, from its records, and, given
-    the server's `slots`, how long each found them all taken), each cold request's first token
+    the server's `slots`, how long each found them all taken, and how long every request did),
+    each cold request's first token
     against its own time alone (given what `alone` measured), everyone's longest gap, how many
     requests failed, and all streams' token events per second of the day (the server's output: a
     stream's own rate falls as more streams share a step)."""
@@ -155,6 +157,7 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
         return {**_turn(call, by_id),
                 "slot_wait_s": None if slots is None else slot_wait(call, ordered, slots)}
     return {
+        "slot_waits": None if slots is None else slot_waits(ordered, slots),
         "returning": [turn(c) for c in ordered if c.act is Act.RETURN],
         "after_summary": [turn(c) for c in ordered if c.act is Act.RESUME],
         "cold": [cold_turn(c, by_id, alone[c.id]) for c in ordered if alone and c.id in alone],
@@ -236,6 +239,26 @@ def slot_wait(call: Call, everyone: Sequence[Call], slots: int) -> float:
     ends = sorted(o.end for o in everyone if o is not call and o.prefill_start is not None
                   and o.prefill_start <= sent < o.end)
     return 0.0 if len(ends) < slots else ends[len(ends) - slots] - sent
+
+
+def slot_waits(calls: Sequence[Call], slots: int) -> list[float]:
+    """How long each request that found every slot taken waited for one, in order of sending, as
+    llama-server hands its slots out: each request, in the order they were sent, takes the first
+    slot to come free and keeps it to its end (a task is given a free slot at once, LoRA or not,
+    and deferred tasks get released slots oldest first: docs/llama-server-notes.md 4.5). Unlike
+    `slot_wait`, a request stuck in a slot counts: on the direct paths the LoRA client's first
+    turn sat in one for three minutes. The share of the short turns' time to first token that
+    more slots would have spared, on every path alike (slotwise's own warm-ups and restores left
+    out)."""
+    free = [0.0] * slots
+    waits = []
+    for call in sorted(calls, key=lambda c: c.result.sent):
+        sent = call.result.sent
+        start = max(sent, heapq.heappop(free))
+        heapq.heappush(free, max(start, call.end))
+        if start > sent:
+            waits.append(round(start - sent, 3))
+    return waits
 
 
 def _sum(a: object, b: object) -> int | None:

@@ -117,7 +117,9 @@ def _row(table: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | Non
 def day_grid(runs: Runs, where: str = "") -> Table:
     """The day's own figures, a column per path: the returning users' and post-summary turns'
     time to first token (with what slotwise restored or warmed for them, and how long a returning
-    user found every slot taken), everyone's longest gap (under the table, the prompts computed
+    user found every slot taken), how many requests found every slot taken and for how long (on
+    `-np 4` with six clients, the largest part of the short turns' time to first token), each
+    cold request against its time alone, everyone's longest gap (under the table, the prompts computed
     during it)."""
     paths = _paths(runs)
     title = "returning users, turns after a summary, everyone's longest gap"
@@ -135,6 +137,10 @@ def day_grid(runs: Runs, where: str = "") -> Table:
             if kind == "returning":
                 grid.add_row("  every slot taken for", *_cells(runs, paths,
                                                              _turn(kind, who, "slot_wait_s"), "s"))
+    grid.add_row("requests that found every slot taken",
+                 *_cells(runs, paths, _slot_waits(len), ""))
+    grid.add_row("  waited for one: median", *_cells(runs, paths, _slot_waits(_median), "s"))
+    grid.add_row("  the longest", *_cells(runs, paths, _slot_waits(_longest), "s"))
     grid.add_row("cold requests (a long prefill)", *_cells(runs, paths, _cold_count, ""))
     grid.add_row("  first token ÷ own time alone: median",
                  *_cells(runs, paths, _times_alone(statistics.median), "×"))
@@ -177,6 +183,23 @@ def _times_alone(of: Callable[[list[float]], float]) -> Pick:
                   if isinstance(t.get("times_alone"), int | float)]
         return of(ratios) if ratios else None
     return pick
+
+
+def _slot_waits(of: Callable[[list[float]], float | int | None]) -> Pick:
+    """Of the waits for a free slot (`day_records.slot_waits`): their number, median or longest.
+    None: the server's slots were not known."""
+    def pick(figures: Mapping[str, Any]) -> float | int | None:
+        waits = figures.get("slot_waits")
+        return None if waits is None else of(waits)
+    return pick
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _longest(values: list[float]) -> float | None:
+    return max(values, default=None)
 
 
 def _gap(who: str) -> Pick:
