@@ -458,6 +458,27 @@ class TestCommandLine:
         assert rows["stream_rate"].measured == pytest.approx(5.0)
 
 
+    def test_the_streams_are_compared_over_the_cold_windows_both_logs_streamed_in(self) -> None:
+        """A reply that ran beside a cold request in the model only (a few seconds sooner or later
+        on the real day) says nothing of the real streams' rate: pooled in, a LoRA client's reply
+        running alone beside `bob-6` read +478 % on a `-b 512` prediction."""
+        def stream(key: str, beside: str, events: int, ms: float, gap_ms: float
+                   ) -> dict[str, Any]:
+            return {**record(key, 0.0, key, 300, 0, 200), "ttft_ms": 100.0, "gap_max_ms": gap_ms,
+                    "overlaps": [{"id": beside, "computed_tokens": 3000,
+                                  "decode_events": events, "decode_ms": ms}]}
+        colds = [{**record(c, 1.0, c, 3000, 0, 10), "ttft_ms": 5000.0} for c in ("c1", "c2")]
+        measured = loaded([*colds, stream("s", "c1", 10, 5000.0, 900.0),
+                           {**record("t", 0.0, "t", 300, 0, 10), "ttft_ms": 100.0}])
+        predicted = loaded([*colds, stream("s", "c1", 12, 5000.0, 800.0),
+                            stream("t", "c2", 190, 1500.0, 3000.0)])  # alone beside c2
+        assert figures(predicted)["stream_rate"] == pytest.approx(202 / 6.5)  # taken alone
+        rows = {r.key: r for r in compare(predicted, measured)}
+        assert rows["stream_rate"].predicted == pytest.approx(2.4)
+        assert rows["stream_rate"].measured == pytest.approx(2.0)
+        assert rows["stream_gap_s"].predicted == pytest.approx(0.8)  # c2's window left out
+        assert [c.beside[1] is None for c in cold_requests(predicted, measured)] == [False, True]
+
     def test_the_short_turns_late_in_either_log_are_shown_side_by_side(self) -> None:
         """The p90 rests on a few late turns: one late only in the model shows beside its real
         first token."""

@@ -11,8 +11,9 @@ a cache hit), and counted apart the two logs' figures would be over other reques
 day: the one slow cold window of three, `ann-5`'s, computed 1,583 tokens measured and 1,199 in the
 model, and the rate over the other two read +71 % where the same three read +4 %). A request the
 measured log could not size (its client left, or the recording ended, before llama-server said
-its sizes) is never cold: it counts among the short turns in both. Logs with other ids are
-compared whole, each counting its own.
+its sizes) is never cold: it counts among the short turns in both. The streams' rate and longest gap are
+taken over the cold requests both logs had a stream beside (`streamed_beside`). Logs with other
+ids are compared whole, each counting its own.
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ def counted(records: Sequence[RecordLine], cold_tokens: int) -> dict[str, Kind]:
 
 
 def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
-            kinds: Mapping[str, Kind] | None = None) -> dict[str, float | None]:
+            kinds: Mapping[str, Kind] | None = None,
+            beside_of: Collection[str] | None = None) -> dict[str, float | None]:
     """`kinds`: how another log counts each request (`counted`); these count the same way,
-    whatever sizes this log knows. Without: as this log counts them."""
+    whatever sizes this log knows. Without: as this log counts them. `beside_of`: the cold
+    requests whose windows the streams' figures are taken over (None: every one's)."""
     kinds = counted(records, cold_tokens) if kinds is None else kinds
     cold = {str(r.get("id")): r for r in records
             if is_turn(r) and kinds.get(str(r.get("id"))) is Kind.COLD}
     ttfts = [t / 1000.0 for r in cold.values() if (t := num(r, "ttft_ms")) is not None]
-    beside = windows(records, cold).values()
+    beside = [w for i, w in windows(records, cold).items() if beside_of is None or i in beside_of]
     events, ms = sum(w.events for w in beside), sum(w.ms for w in beside)
     gaps = [w.gap_s for w in beside if w.gap_s is not None]
     short = sorted(t / 1000.0 for r in records if kinds.get(str(r.get("id"))) is Kind.SHORT
@@ -189,13 +192,28 @@ class Row:
 def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
             cold_tokens: int = 2000) -> list[Row]:
     both = shared(predicted, measured)
-    kinds = None
+    kinds, beside_of = None, None
     if both is not None:
         predicted = [r for r in predicted if str(r.get("id")) in both]
         measured = [r for r in measured if str(r.get("id")) in both]
         kinds = counted(measured, cold_tokens)
-    p, m = figures(predicted, cold_tokens, kinds), figures(measured, cold_tokens, kinds)
+        beside_of = streamed_beside(predicted, measured, cold_tokens)
+    p = figures(predicted, cold_tokens, kinds, beside_of)
+    m = figures(measured, cold_tokens, kinds, beside_of)
     return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
+
+
+def streamed_beside(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
+                    cold_tokens: int = 2000) -> set[str]:
+    """The cold requests (as the measured run counts them) that had a stream generating beside
+    them in both of one day's logs: the streams' rate and gap are compared over these windows.
+    In a window where one log has nobody streaming, the other's streams were there at another
+    moment of the day (a reply started a few seconds sooner or later); pooled in, one such window
+    decides the rate (a `-b 512` prediction: a LoRA client's reply running alone at 127 tokens a
+    second beside `bob-6`, who had nobody beside him measured, read +478 % where the three
+    windows both logs have read +8 %)."""
+    cold = [i for i, kind in counted(measured, cold_tokens).items() if kind is Kind.COLD]
+    return set(windows(predicted, cold)) & set(windows(measured, cold))
 
 
 def shared(predicted: Sequence[RecordLine], measured: Sequence[RecordLine]) -> set[str] | None:
