@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 
 from aiohttp import web
 
 from proxy.config import Config
 from proxy.keep.keeper import KEEPER, Keeper
 from proxy.ops.background import background
+from proxy.ops.lora_watch import server_global
 from proxy.ops.metrics import METRICS
 from proxy.prefill.estimator import ESTIMATOR, Estimator
 from proxy.prefill.feeder import PieceFeeder
@@ -45,7 +47,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await estimator.prepare(new.prefill)
 
     policy = PrefillPolicy(config.prefill, n_batch=config.prefill.n_batch)
-    feeder, wake = PieceFeeder(state.upstream), asyncio.Event()
+    feeder = PieceFeeder(state.upstream, global_lora=partial(server_global, state))
+    wake = asyncio.Event()
     keeper = Keeper(state, estimator, wake=wake) if config.keep_kv.enabled else None
     warmer = Warmer(state, estimator, feeder, wake, keep=keeper)
     gate = PrefillGate(config=config.prefill, estimator=estimator, feeder=feeder,

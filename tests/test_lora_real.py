@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,14 @@ import pytest
 from proxy.app import start
 from proxy.config import Config, parse_config
 from proxy.ops.lora import LoraConfigError
+from proxy.ops.lora_watch import server_global
+from proxy.prefill.feeder import PieceFeeder
 from proxy.runner import ProxyThread
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
+from proxy.upstream import UpstreamClient
 from tests.conftest import StartLlamaServer, StartProxy
+from tests.helpers import http as call
 from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
@@ -229,3 +234,37 @@ async def test_none_without_adapters_forwards_as_sent_and_fixed_is_refused(
     error = await start_error(lora_config(server.url, tmp_path, "fixed", {
         "mode": "fixed", "adapters": [{"id": 0}]}))
     assert "'fixed' needs LoRA adapters loaded in llama-server" in str(error)
+
+
+@pytest.mark.parametrize(("global_lora", "kept"), [(True, 400), (False, 0)])
+def test_a_piece_moved_into_a_never_used_slot_keeps_its_prefix_in_fixed(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy,
+        global_lora: bool, kept: int) -> None:
+    """One shared KV empties every idle slot into the RAM cache whenever a task starts, so a cold
+    prompt's next piece goes into a slot never used yet and has its prefix copied back from RAM.
+    llama-server then clears it if the piece's explicit `lora` differs from the slot's last list,
+    and a never-used slot has none: with `lora.mode` fixed the profile's array wiped it (bench day,
+    every run: ann's 1,998-token first turn computed 2,688-3,392 tokens). Sent as the server's
+    global list (which the watcher keeps at the profile), the piece keeps it, and so does the real
+    request with its explicit profile after it."""
+    server = start_llama_server(lora=True, args=["-np", "4", "-kvu", "-c", "16384"])
+    fixed = [{"id": 0, "scale": 1.0}]
+    proxy = start_proxy(server.url, lora={"mode": "fixed", "adapters": fixed})
+    prompt, other = list(range(300, 1100)), list(range(2000, 2300))
+
+    async def pieces() -> tuple[int, int]:
+        async with aiohttp.ClientSession() as session:
+            upstream = UpstreamClient(session, lambda: server.url)
+            profile = partial(server_global, proxy.state) if global_lora else (lambda: None)
+            feeder = PieceFeeder(upstream, global_lora=profile)
+            first = await feeder.feed(prompt, 400, fixed)
+            # another task starts (through slotwise: the profile's array): the piece's slot is
+            # emptied into the RAM cache
+            started = call("POST", proxy.url + "/completion", {"prompt": other, "n_predict": 2})
+            assert started.status_code == 200, started.text
+            second = await feeder.feed(prompt, 600, fixed)
+            return first.cache_n, second.cache_n
+
+    assert asyncio.run(pieces()) == (0, kept)
+    real = call("POST", proxy.url + "/completion", {"prompt": prompt[:700], "n_predict": 2})
+    assert real.json()["timings"]["cache_n"] == 600  # the pieces' tokens, whatever they cost

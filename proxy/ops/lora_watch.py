@@ -26,6 +26,7 @@ from proxy.ops.lora import (
     needs_server,
     parse_server_adapters,
 )
+from proxy.request.errors import LoraNotReady
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamCallError, UpstreamClient
 
@@ -70,6 +71,16 @@ async def set_global_scales(upstream: UpstreamClient, array: LoraArray,
         log.warning("cannot set the upstream's global LoRA scales (will retry): %s", exc)
         return
     log.info("set the upstream's global LoRA scales to the profile: %s", orjson.dumps(array).decode())
+
+
+def server_global(state: ProxyState) -> LoraArray | None:
+    """The list the upstream's global LoRA scales are kept at (`_sync_global`: the profile in
+    modes fixed and none), which a request without `lora` runs with; None in passthrough or while
+    the profile is not ready."""
+    try:
+        return state.forced_lora()
+    except LoraNotReady:
+        return None
 
 
 def _upstream_of(state: ProxyState, config: Config) -> UpstreamClient:

@@ -2,6 +2,15 @@
 
 Never pinned with `id_slot` (a pinned piece to an emptied slot gets no RAM-cache restore). The one
 sampled token is discarded; only `timings` come back. Cancelling the call closes its connection.
+
+A piece whose `lora` is the list the server's global scales are kept at (`global_lora`: the LoRA
+profile in modes fixed and none, proxy/ops/lora_watch.py) goes without it. llama-server clears a
+slot's cache for a task whose explicit `lora` differs from the slot's last one, and a slot that
+never had a task counts as different: with one shared KV every idle slot is emptied into the RAM
+cache at each task launch, the next piece is put into a slot never used yet and has its prefix
+copied back from RAM, and an explicit `lora` then wiped it (bench day, every run: ann's
+1,998-token first turn computed 2,688-3,392 tokens). Without `lora` the slot takes the global
+list, which the real request's explicit profile equals: nothing is cleared, and the KV is the same.
 """
 
 from __future__ import annotations
@@ -43,13 +52,16 @@ class PieceFeeder:
     """Posts pieces through slotwise's one upstream client."""
 
     def __init__(self, upstream: UpstreamClient, *, timeout_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 global_lora: Callable[[], Any] = lambda: None) -> None:
         self._upstream = upstream
         self._timeout_s = timeout_s
         self._clock = clock
+        self._global_lora = global_lora
 
     async def feed(self, ids: Sequence[int], upto: int, lora: Any) -> PieceResult:
-        body = piece_body(ids, upto, lora=lora if isinstance(lora, list) else None)
+        sent = lora if isinstance(lora, list) and lora != self._global_lora() else None
+        body = piece_body(ids, upto, lora=sent)
         start = self._clock()
         try:
             answer = await self._upstream.post_json(PIECE_PATH, body, timeout_s=self._timeout_s)
