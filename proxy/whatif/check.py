@@ -11,9 +11,9 @@ a cache hit), and counted apart the two logs' figures would be over other reques
 day: the one slow cold window of three, `ann-5`'s, computed 1,583 tokens measured and 1,199 in the
 model, and the rate over the other two read +71 % where the same three read +4 %). A request the
 measured log could not size (its client left, or the recording ended, before llama-server said
-its sizes) is never cold: it counts among the short turns in both. The streams' rate and longest gap are
-taken over the cold requests both logs had a stream beside (`streamed_beside`). Logs with other
-ids are compared whole, each counting its own.
+its sizes) is never cold: it counts among the short turns in both. The streams' rate and longest
+gap are taken over the cold requests both logs had a stream beside (`streamed_beside`). Logs with
+other ids are compared whole, each counting its own.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def counted(records: Sequence[RecordLine], cold_tokens: int) -> dict[str, Kind]:
         kinds[str(r.get("id"))] = (Kind.SHORT if new is None or new < SHORT_TOKENS
                                    else Kind.COLD if new >= cold_tokens else Kind.BETWEEN)
     return kinds
+
+
+def cold_ids(kinds: Mapping[str, Kind]) -> list[str]:
+    """The requests `kinds` counts as cold."""
+    return [i for i, kind in kinds.items() if kind is Kind.COLD]
 
 
 def figures(records: Sequence[RecordLine], cold_tokens: int = 2000,
@@ -127,8 +132,7 @@ def cold_requests(predicted: Sequence[RecordLine], measured: Sequence[RecordLine
                   cold_tokens: int = 2000) -> list[ColdRequest]:
     """The cold requests of one day's two logs, as the measured run counts them, side by side:
     what `compare`'s first two figures are made of."""
-    kinds = counted(measured, cold_tokens)
-    cold = [i for i, kind in kinds.items() if kind is Kind.COLD]
+    cold = cold_ids(counted(measured, cold_tokens))
     logs = [{str(r.get("id")): r for r in log if is_turn(r)} for log in (predicted, measured)]
     beside = [windows(log, cold) for log in (predicted, measured)]
     out = []
@@ -197,22 +201,22 @@ def compare(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
         predicted = [r for r in predicted if str(r.get("id")) in both]
         measured = [r for r in measured if str(r.get("id")) in both]
         kinds = counted(measured, cold_tokens)
-        beside_of = streamed_beside(predicted, measured, cold_tokens)
+        beside_of = streamed_beside(predicted, measured, kinds)
     p = figures(predicted, cold_tokens, kinds, beside_of)
     m = figures(measured, cold_tokens, kinds, beside_of)
     return [Row(key, label, p[key], m[key]) for key, label in FIGURES]
 
 
 def streamed_beside(predicted: Sequence[RecordLine], measured: Sequence[RecordLine],
-                    cold_tokens: int = 2000) -> set[str]:
-    """The cold requests (as the measured run counts them) that had a stream generating beside
+                    kinds: Mapping[str, Kind]) -> set[str]:
+    """The cold requests (as `kinds`, the measured run's, counts them) that had a stream generating beside
     them in both of one day's logs: the streams' rate and gap are compared over these windows.
     In a window where one log has nobody streaming, the other's streams were there at another
     moment of the day (a reply started a few seconds sooner or later); pooled in, one such window
     decides the rate (a `-b 512` prediction: a LoRA client's reply running alone at 127 tokens a
     second beside `bob-6`, who had nobody beside him measured, read +478 % where the three
     windows both logs have read +8 %)."""
-    cold = [i for i, kind in counted(measured, cold_tokens).items() if kind is Kind.COLD]
+    cold = cold_ids(kinds)
     return set(windows(predicted, cold)) & set(windows(measured, cold))
 
 
