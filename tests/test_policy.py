@@ -875,6 +875,59 @@ class TestRule12EverySlotUserCounts:
         assert p.snapshot().held[-1] == "y"  # y waits for the next slot
         assert p.on_finished("x", 7.0) == [Admit("y", "held for a free slot (2 of 2 in use); not cold")]
 
+    def test_a_cold_request_never_takes_a_slot_ahead_of_one_who_waited_for_it_first(self) -> None:
+        """Its own time alone waited or not, a cold request that came after somebody already
+        waiting for a slot comes after them (bench day: a translation that came 11 s after
+        `bob-1` took the slot he had waited 21 s for); the slot after is its own."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert kinds(p.on_arrival("x", 100, 100, 0.0)) == ["Hold"]
+        assert p.on_arrival("c", 5000, 5000, 1.0) == [Hold("c", "others generating")]
+        assert kinds(p.on_arrival("y", 100, 100, 1.5)) == ["Hold"]
+        # c has waited 9 s, its time alone 5 s: x, who came first, still takes the slot
+        assert p.on_finished("s1", 10.0) == [
+            Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        p.on_prefill_started("x", 10.0)
+        p.on_first_token("x", 10.1)
+        [piece] = p.on_finished("s2", 11.0)  # and the next one is c's, before y's
+        assert isinstance(piece, FeedPiece) and piece.req_id == "c"
+        assert p.snapshot().held[-1] == "y"
+
+    def test_a_background_job_lets_chat_turns_have_a_freed_slot_first_for_a_while(self) -> None:
+        """Nobody reads a translation as it comes: with every slot taken, chat turns that came
+        after it take a freed slot first, until it has waited `max_hold_s` (30 s here); its
+        place then is its arrival's, before theirs."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert kinds(p.on_arrival("t", 100, 100, 0.0, background=True)) == ["Hold"]
+        assert kinds(p.on_arrival("x", 100, 100, 1.0)) == ["Hold"]
+        assert kinds(p.on_arrival("y", 100, 100, 2.0)) == ["Hold"]
+        assert p.on_finished("s1", 10.0) == [
+            Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        p.on_prefill_started("x", 10.0)
+        p.on_first_token("x", 10.1)
+        assert p.on_finished("s2", 31.0) == [  # t has waited 31 s: its turn before y's
+            Admit("t", "held for a free slot (2 of 2 in use); not cold")]
+
+    def test_a_cold_background_job_is_owed_no_slot_while_chat_turns_wait(self) -> None:
+        """Cold by its stall, first to arrive and past its own time alone (~0.9 s), a translation
+        still comes after the chat turn held for a slot: its place, not only its arrival,
+        decides."""
+        p = policy(slots=2, measured=True, max_stall_ms=10.0)
+        busy(p, "s1")
+        busy(p, "s2")
+        assert p.on_arrival("t", 900, 900, 0.0, background=True) == [
+            Hold("t", "others generating")]
+        assert kinds(p.on_arrival("x", 100, 100, 0.5)) == ["Hold"]
+        assert p.on_finished("s1", 10.0) == [
+            Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+        p.on_prefill_started("x", 10.0)
+        p.on_first_token("x", 10.1)
+        [piece] = p.on_finished("s2", 11.0)  # the next slot is its own
+        assert isinstance(piece, (FeedPiece, Admit)) and piece.req_id == "t"
+
     def test_a_cold_request_in_a_hold_is_owed_no_slot(self) -> None:
         """The batch cost chose a hold for it (every batch starts with 1.5 s): the slot that came
         free goes to the short turn waiting, not kept idle for the hold's length."""

@@ -106,7 +106,8 @@ class PrefillConfig:
     cold_tokens: int = 2000
     """A request whose estimated new prompt tokens reach this is cold."""
     max_hold_s: float = 30.0
-    """defer: the longest a cold request is held."""
+    """defer: the longest a cold request is held. With every slot taken, also how long a background
+    job (`background_purposes`) lets chat turns have a freed slot first."""
     max_stall_ms: float = 160.0
     """chunk: the longest stall a piece may cause to the generating streams."""
     prefill_share: float = 0.55

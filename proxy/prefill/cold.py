@@ -29,18 +29,19 @@ MIN_BACKGROUND_TOKENS = 128
 
 
 def stall_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batch: int,
-                 decoders: int, cells: int = 0) -> str | None:
+                 decoders: int, cells: int = 0, background: bool = False) -> str | None:
     """Why `req`, under `cold_tokens`, is cold all the same, or None when it is not. `decoders`:
-    the requests generating now; `cells`: what the requests in flight hold. The stall is judged
-    only once the batch cost has measured this server: its prior is a guess."""
-    stalls, least = ((BACKGROUND_STALLS, MIN_BACKGROUND_TOKENS) if req.background
+    the requests generating now; `cells`: what the requests in flight hold; `background`: judged
+    a background job (the policy's rule 1). The stall is judged only once the batch cost has
+    measured this server: its prior is a guess."""
+    stalls, least = ((BACKGROUND_STALLS, MIN_BACKGROUND_TOKENS) if background
                      else (WHOLE_STALLS, MIN_PIECED_TOKENS))
     if cfg.mode != "chunk" or decoders == 0 or req.est_new_tokens < least or not model.measured:
         return None
     stall_ms = whole_stall_ms(model.cost, req, n_batch, decoders, cells)
     if stall_ms <= stalls * cfg.max_stall_ms:
         return None
-    job = "a background job: " if req.background else ""
+    job = "a background job: " if background else ""
     return (f"cold: {job}sent whole, its {req.est_new_tokens:,} new tokens would stall {decoders} "
             f"generating for ~{stall_ms / 1000.0:.1f} s (over {stalls:g} × max_stall_ms)")
 

@@ -27,7 +27,8 @@ class Arrived:
     """A first piece ends at this prefix at least: a shorter one llama-server would place by its
     similarity into another prompt's slot (`CacheModel.first_piece_floor`); 0: no such risk."""
     background: bool = False
-    """A background job (`prefill.background_purposes`): cold by a smaller stall (rule 1)."""
+    """Its purpose is a background job's (`prefill.background_purposes`): cold by a smaller stall
+    while slots are to spare (rule 1), after the chat turns for a freed slot (rule 12)."""
 
 
 @dataclass(frozen=True)

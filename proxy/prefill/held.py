@@ -35,6 +35,11 @@ class HeldRequest:
     caught_up: str | None = None
     """`chunk`: why it is no longer held (its hold ended, or its rest is a short turn's work): it
     goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
+    background: bool = False
+    """Rule 1: a background job (its purpose) that found slots to spare: cold by a smaller stall,
+    fed in pieces that keep the streams' promise whatever they cost it, never held or caught up.
+    One that arrived when slots were scarce is judged as a chat turn (`req.background` still
+    says its purpose: it lets the chat turns have a free slot first, rule 12)."""
     waiting_since: float = 0.0
     """When it last got something: its arrival, then the end of each of its pieces (rule 4's
     turn: a plan that has waited its own time alone since then goes before the others)."""
@@ -79,9 +84,10 @@ class HeldRequest:
         return self.rest, self.req.now
 
     @classmethod
-    def for_request(cls, req: Arrived, max_hold_s: float) -> HeldRequest:
+    def for_request(cls, req: Arrived, max_hold_s: float, background: bool) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
-        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, waiting_since=req.now)
+        return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, background=background,
+                   waiting_since=req.now)
 
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and

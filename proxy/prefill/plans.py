@@ -16,6 +16,7 @@ from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import pause_s
+from proxy.prefill.slot_line import Place, place
 from proxy.prefill.strategy import (
     PieceChoice,
     Strategy,
@@ -71,17 +72,22 @@ class ColdPlans:
         """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
         return sum(1 for p in self.held.values() if p.has_slot)
 
-    def slots_owed(self, server: Server, now: float) -> int:
+    def slots_owed(self, server: Server, now: float, first: Place | None = None) -> int:
         """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
         since they arrived, and are not in a hold; each is owed the next free slot, before the
         requests held for one (else, with every slot busy and short turns always waiting, a cold
-        request never gets its first piece: bench day, a 593-token translation held 305 s)."""
+        request never gets its first piece: bench day, a 593-token translation held 305 s). But
+        not before the first request held for one (at `first`) if that one's place is before
+        theirs (slot_line.py's `place`: arrival order, background jobs after the chat turns for
+        `max_hold_s`; bench day: a translation that came 11 s after `bob-1` took the slot he had
+        waited 21 s for, and he waited 27 s)."""
         if server.cfg.mode != "chunk":
             return 0
         cost, n_batch = server.cost.cost, server.n_batch
         return sum(1 for p in self.held.values()
                    if not p.has_slot and p.due_at(cost, n_batch) <= now
-                   and (p.hold_until is None or p.hold_until <= now))
+                   and (p.hold_until is None or p.hold_until <= now)
+                   and (first is None or place(p.req, now, server.cfg.max_hold_s) <= first))
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -97,7 +103,7 @@ class ColdPlans:
         held.pieces_done += 1
         held.waiting_since = now
         held.largest_piece = max(held.largest_piece or 0, tokens)
-        share = server.cfg.prefill_share if held.req.background else pieces_share(
+        share = server.cfg.prefill_share if held.background else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
             server.use.cells())
         held.behind = held.behind or share >= 1.0  # once behind, to its end (rule 6)
@@ -127,7 +133,7 @@ class ColdPlans:
                     continue
                 held.hold_until = None
                 held.catch_up(f"its hold ended with {server.use.decoders()} generating")
-            if held.req.background and server.slot_wanted:
+            if held.background and server.slot_wanted:
                 return held, held.release("somebody waits for a slot: its rest sent whole")
             choice = held.choice = self.choice(server, held)
             if choice.strategy is Strategy.HOLD:
@@ -167,7 +173,7 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
-        if held.req.background:
+        if held.background:
             return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "

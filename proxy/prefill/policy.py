@@ -6,8 +6,6 @@ no clock (every call takes `now`), no log. The cold plans' turn is `plans.py`'s.
 
 from __future__ import annotations
 
-import dataclasses
-
 from proxy.config import PrefillConfig
 from proxy.prefill.cold import stall_reason
 from proxy.prefill.cost_fit import BatchCostModel
@@ -133,7 +131,10 @@ class PrefillPolicy:
         rest; when none is, a request that would go now is held instead (it would only queue in
         the server) and they go in arrival order, one per slot that frees, before a cold plan's
         first piece, unless that plan has waited its own time alone since it arrived (rule 4's
-        bound): then the slot is its own; a restore waiting goes before them all (rule 14).
+        bound): then the slot is its own, but never before one held for a slot whose place is
+        before its own. A background job (its purpose, whatever rule 1 judged it) takes its place
+        after the chat turns until it has waited `max_hold_s` since it arrived (slot_line.py's
+        `place`); a restore waiting goes before them all (rule 14).
         How long each was held so is its record's `slot_wait_ms` (`slot_wait_s`).
     13. A reload (`reconfigure`) rules from then on; held requests are never dropped: with mode
         `off` every plan is released at once.
@@ -376,12 +377,11 @@ class PrefillPolicy:
     def _arrive(self, req: Arrived, now: float) -> list[Decision]:
         """Rules 1-4 for a request arriving (or back from a restore, or from behind one)."""
         req_id = req.req_id
-        if req.background and self._slots_scarce():
-            req = dataclasses.replace(req, background=False)  # rule 1: no slot to spare
+        background = req.background and not self._slots_scarce()  # rule 1: a slot to spare
         by_tokens = req.est_new_tokens >= self._cfg.cold_tokens
         by_stall = (None if self._cfg.mode == "off" or by_tokens
                     else stall_reason(self._cfg, self._cost, req, self._n_batch,
-                                      self._use.decoders(), self._use.cells()))
+                                      self._use.decoders(), self._use.cells(), background))
         if by_stall is not None and len(self._plans) > self._cfg.max_waiting:
             by_stall = None  # cold by its stall only: sent whole rather than refused
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
@@ -404,7 +404,7 @@ class PrefillPolicy:
                else "a save of kept KV in flight")
         if by_stall is not None:  # the record says why it was cold
             self._notes[req_id] = self._noted(req_id, by_stall)
-        self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s)
+        self._plans.held[req_id] = HeldRequest.for_request(req, self._cfg.max_hold_s, background)
         decided = self._advance(now)
         if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
             return decided  # released at once (rule 7: short enough to go whole)
@@ -454,15 +454,20 @@ class PrefillPolicy:
         return [*out, *(Restore(r) for r in started)]
 
     def _unclaim(self, now: float) -> list[Decision]:
-        """Rules 12 and 14: the requests held for a slot go in arrival order, one per free slot,
-        once no restore claims it and no cold plan is owed it."""
+        """Rules 12 and 14: the requests held for a slot go in their order (arrival, background
+        jobs after the chat turns for a while), one per free slot, once no restore claims it and
+        no cold plan is owed it."""
         out: list[Decision] = []
-        owed = self._plans.slots_owed(self._server(), now)
-        while (behind := self._line.next_behind(now, self._taken() + owed)) is not None:
+        while True:
+            patience = self._cfg.max_hold_s
+            owed = self._plans.slots_owed(self._server(), now,
+                                          self._line.first_place(now, patience))
+            behind = self._line.next_behind(now, self._taken() + owed, patience)
+            if behind is None:
+                return out
             req, why = behind
             self._notes.setdefault(req.req_id, f"held {why.removeprefix('waiting ')}")
             out.extend(self._arrive(req, now))
-        return out
 
     def _plan_step(self, now: float) -> list[Decision]:
         step = self._plans.step(self._server(), now)

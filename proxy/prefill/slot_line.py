@@ -5,7 +5,8 @@ other slot users (requests sent, kept plans, warm-up pieces, a save) and decides
 
 Once every slot is used, a request sent would only queue inside llama-server, which then gives the
 next slot to whoever it queued first, a restore's task or a short turn alike; held here, the
-policy chooses: a returning conversation's restore first, then the others in arrival order.
+policy chooses: a returning conversation's restore first, then the others in arrival order, a
+background job after the chat turns for a while (`place`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ from __future__ import annotations
 from proxy.prefill.events import Arrived
 from proxy.prefill.restores import RestoreLine
 from proxy.prefill.server_use import SENT_GRACE_S
+
+Place = tuple[bool, float]
+
+
+def place(req: Arrived, now: float, patience_s: float) -> Place:
+    """Where `req` stands for a free slot (rule 12), the lowest first: in arrival order, but a
+    background job (its purpose) lets the chat turns go first until it has waited `patience_s`
+    since it arrived (nobody reads its answer as it comes; bench day: a translation took the slot a
+    short chat turn had waited 20 s for)."""
+    return req.background and now - req.now < patience_s, req.now
 
 
 class SlotLine:
@@ -72,11 +83,19 @@ class SlotLine:
         self.behind[req.req_id] = (req, why, now)
         return why
 
-    def next_behind(self, now: float, taken: int) -> tuple[Arrived, str] | None:
-        """The first one held and why, if a slot is free for it now (it leaves the line)."""
+    def first_place(self, now: float, patience_s: float) -> Place | None:
+        """The place of the one the next free slot goes to (`place`); None if nobody is held."""
+        return min((place(req, now, patience_s) for req, _, _ in self.behind.values()),
+                   default=None)
+
+    def next_behind(self, now: float, taken: int,
+                    patience_s: float) -> tuple[Arrived, str] | None:
+        """The one held whose turn it is (`place`) and why, if a slot is free for it now (it
+        leaves the line)."""
         if not self.behind or self.claimed(now, taken) or self.full(taken):
             return None
-        req, why, _ = self._leave_behind(next(iter(self.behind)), now)
+        first = min(self.behind, key=lambda i: place(self.behind[i][0], now, patience_s))
+        req, why, _ = self._leave_behind(first, now)
         return req, why
 
     def _leave_behind(self, req_id: str, now: float) -> tuple[Arrived, str, float]:
