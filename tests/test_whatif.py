@@ -16,6 +16,7 @@ import pytest
 from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
+from proxy.testbed.model import ModelFiles
 from proxy.whatif.calibrate import DecodeObs, fit
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
@@ -330,6 +331,15 @@ class TestKeptKv:
         assert parse_time(str(out["back-restore"].start)) >= s_end - 0.05
         assert out["back"].held_ms >= (s_end - parse_time(str(out["back"].start))) * 1000 - 50
 
+    def test_one_tokens_kv_is_measured_from_the_logs_kept_files(self) -> None:
+        """The RAM prompt cache's limit and copies count bytes: the log's files say a token's."""
+        scene = loaded([record("s", 0.0, "a", 300, 0, 400),
+                        *restored("back", 1.0, "b", 6000, 24, 5966, 50)])
+        costs = played(scene, costs=None).costs
+        assert costs.kv_bytes_per_token == pytest.approx(5990 * 25_000 / 5997)
+        assert costs.origin("kv_bytes_per_token") == "log"
+        assert "server.kv_bytes_per_token" not in costs.assumed()
+
     def test_a_save_the_log_shows_goes_when_the_server_is_quiet(self) -> None:
         scene = loaded([record("s", 0.0, "a", 300, 0, 100), save_record(1.0, 800.0)])
         out = {r.id: r for r in played(scene, "keep_kv.enabled=true").outcome.records}
@@ -375,6 +385,21 @@ class TestCommandLine:
         assert main(["whatif", str(tmp_path / "missing"), "-o", str(tmp_path / "o")]) == 1
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 2 and lines[0].startswith("slotwise whatif: bogus: unknown key")
+
+    def test_one_tokens_kv_is_read_from_the_model_file_the_server_log_names(
+            self, tmp_path: Path, tiny_model: ModelFiles) -> None:
+        """No kept files in the log: the GGUF llama-server loaded says it (the tiny testbed
+        model: 4 layers of 256 wide keys and values, f16: 4,096 bytes a token); a model file that
+        is not on this machine leaves it assumed."""
+        log, costs = tmp_path / "day.jsonl", tmp_path / "costs.toml"
+        log.write_bytes(orjson.dumps(record("1", 0.0, "a", 100, 0, 5)) + b"\n")
+        for model, said in ((tiny_model.model, "kv_bytes_per_token = 4096  # model file"),
+                            (tmp_path / "gone.gguf", "kv_bytes_per_token = 131072  # assumed")):
+            server_log = tmp_path / "server.log"
+            server_log.write_text(f"0.00.006.617 I srv    load_model: loading model '{model}'\n")
+            assert main(["whatif", str(log), "--server-log", str(server_log), "-o",
+                         str(tmp_path / "o.jsonl"), "--costs-out", str(costs)]) == 0
+            assert said in costs.read_text()
 
     def test_check_compares_with_a_measured_run(self, tmp_path: Path,
                                                 recorded_day: list[dict[str, Any]],

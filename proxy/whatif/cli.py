@@ -23,6 +23,7 @@ from proxy.whatif.check import (
     slowest_short,
 )
 from proxy.whatif.costs import KEYS, CostsError, load_costs
+from proxy.whatif.modelfile import kv_bytes_per_token, model_path
 from proxy.whatif.predict import Inputs, Prediction, predict
 from proxy.whatif.settings import SERVER_KEYS, SettingsError, load_config_data
 
@@ -91,7 +92,9 @@ def _inputs(args: argparse.Namespace) -> Inputs:
             raise InputError(f"cannot read server log {args.server_log}: {exc.strerror}") from None
     config = load_config_data(args.config) if args.config else None
     costs = load_costs(args.costs) if args.costs else None
-    return Inputs(records, lines, config, args.recorded, args.sets, costs)
+    model = model_path(lines) if lines is not None else None
+    return Inputs(records, lines, config, args.recorded, args.sets, costs,
+                  model_kv_bytes=kv_bytes_per_token(model) if model is not None else None)
 
 
 def _records(path: str) -> list[RecordLine]:

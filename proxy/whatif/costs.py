@@ -1,6 +1,6 @@
 """What the server model's time is made of: the costs of a batch, a decode step, a LoRA switch and
 a copy to or from the RAM prompt cache, each with where it came from (given in `--costs`,
-calibrated from the log, or assumed), and the `--costs FILE` format that gives them.
+calibrated from the log, read from the model file, or assumed), and the `--costs FILE` format that gives them.
 
 A batch with prompt tokens costs, per micro-batch of `n_ubatch` tokens, the prefill gate's own
 form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)/1000, plus e per
@@ -57,13 +57,14 @@ class Costs:
     """server.lora_switch_ms: a batch whose LoRA settings differ from the last one's
     (sched_reserve)."""
     kv_bytes_per_token: float = 131072.0
-    """server.kv_bytes_per_token: one token's KV, for the RAM prompt cache's size limit."""
+    """server.kv_bytes_per_token: one token's KV, for the RAM prompt cache's size limit and copies
+    (the log's kept files measure it, else the model file: modelfile.py)."""
     copy_gb_s: float = 10.0
     """server.copy_gb_s: copies to and from the RAM prompt cache (on the main loop: all wait)."""
     piece_ms: float = 5.0
     """server.piece_ms: a piece's round trip outside the server's batches (HTTP, parsing)."""
     source: Mapping[str, str] = field(default_factory=dict, compare=False)
-    """Each field's origin: given, log, field table, or assumed (missing: assumed)."""
+    """Each field's origin: given, log, model file, field table, or assumed (missing: assumed)."""
 
     @property
     def batch(self) -> BatchCost:

@@ -24,9 +24,6 @@ RESTORE_SUFFIX = "-restore"
 """A restore's record is named after its request (`proxy/keep/keeper.py`)."""
 DEFAULT_RESTORE_MS_PER_MB = 2.0
 """A restore the log does not time, and no other one to learn from: about 500 MB/s."""
-FILE_BYTES_PER_TOKEN = 25_000
-"""A file's size per token when the log does not say it (the testbed's small model: 148,708,068
-bytes for 6,047 tokens)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class LoggedSave:
     name: str | None = None
 
 
-def kept_files(records: Iterable[RecordLine]) -> dict[str, KeptFile]:
+def kept_files(records: Iterable[RecordLine], bytes_per_token: float) -> dict[str, KeptFile]:
     """The file each restored request had, by the request's id."""
     records = list(records)
     restores = {str(r.get("id")): r for r in records if r.get("kind") == Kind.KV_RESTORE.value
@@ -67,7 +64,7 @@ def kept_files(records: Iterable[RecordLine]) -> dict[str, KeptFile]:
         took = num(call, "total_ms") if call is not None else None
         if took is None:
             size = num(call, "kv_bytes") if call is not None else None
-            took = (size or restored * FILE_BYTES_PER_TOKEN) * per_byte
+            took = (size or restored * bytes_per_token) * per_byte
         name = call.get("kv_file") if call is not None else record.get("kv_file")
         out[rid] = KeptFile(restored, float(took), name if isinstance(name, str) else None)
     return out
@@ -98,6 +95,14 @@ def _median_ms_per_byte(restores: Iterable[RecordLine]) -> float:
     rates = [t / b for r in restores
              if (t := num(r, "total_ms")) is not None and (b := num(r, "kv_bytes")) and b > 0]
     return statistics.median(rates) if rates else DEFAULT_RESTORE_MS_PER_MB / 1e6
+
+
+def kept_bytes_per_token(records: Iterable[RecordLine]) -> float | None:
+    """One token's KV as the log's kept files measure it (their bytes over their tokens, the
+    median of the saves and restores that say both); None when none does."""
+    sizes = [b / t for r in records if r.get("kind") in (Kind.KV_RESTORE.value, Kind.KV_SAVE.value)
+             and (b := num(r, "kv_bytes")) and (t := num(r, "kv_tokens")) and b > 0 and t > 0]
+    return statistics.median(sizes) if sizes else None
 
 
 def shows_keep(records: Sequence[RecordLine]) -> bool:

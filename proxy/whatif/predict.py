@@ -28,6 +28,7 @@ from proxy.whatif.calibrate import (
 )
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.cutsizes import cut_sizes, seen_by_task
+from proxy.whatif.kept import kept_bytes_per_token
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
@@ -53,6 +54,8 @@ class Inputs:
     recorded: Sequence[str] = ()
     sets: Sequence[str] = ()
     costs_file: CostsFile | None = None
+    model_kv_bytes: float | None = None
+    """One token's KV in bytes, as the model file the server log names says (modelfile.py)."""
 
 
 @dataclass
@@ -124,6 +127,12 @@ def calibrate(inputs: Inputs, server: ServerSettings,
     switch = lora_switch_ms(spans, cal.costs, server)
     if switch is not None:
         cal.costs = cal.costs.with_values({"lora_switch_ms": switch}, "log")
+    kept = kept_bytes_per_token(inputs.records)
+    if kept is not None:
+        cal.costs = cal.costs.with_values({"kv_bytes_per_token": kept}, "log")
+    elif inputs.model_kv_bytes is not None:
+        cal.costs = cal.costs.with_values({"kv_bytes_per_token": inputs.model_kv_bytes},
+                                          "model file")
     if given is not None:
         cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server, cal.costs)
         cal.costs = cal.costs.with_values(given.values, "given")
@@ -203,7 +212,8 @@ def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
     recording did not, the history was rewritten, not lost. `used`, `slots`: what the server's log
     shows of its slots (`Workload.used_before`, `Workload.slots`)."""
     def built(rewritten: Collection[str]) -> Workload:
-        workload = build_workload(records, rewritten=rewritten, sizes=sizes)
+        workload = build_workload(records, rewritten=rewritten, sizes=sizes,
+                                  kv_bytes_per_token=costs.kv_bytes_per_token)
         workload.used_before, workload.slots = list(used), dict(slots or {})
         return workload
 

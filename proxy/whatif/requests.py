@@ -31,6 +31,7 @@ from proxy.report.records import (
     start_of,
     timing,
 )
+from proxy.whatif.costs import Costs
 from proxy.whatif.kept import KeptFile, LoggedSave, kept_files, logged_saves
 from proxy.whatif.prompts import SegmentIds, Seq
 
@@ -126,12 +127,14 @@ class Workload:
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
                    rewritten: Collection[str] = (),
-                   sizes: Mapping[str, tuple[int, int]] | None = None) -> Workload:
+                   sizes: Mapping[str, tuple[int, int]] | None = None,
+                   kv_bytes_per_token: float = Costs.kv_bytes_per_token) -> Workload:
     """`rewritten`: ids of requests known not to have come back to their history (a replay of
     the recorded settings found it cached where the recording did not); `sizes`: id → (prompt,
-    cached) of requests whose client left before the server said them, as its log shows."""
+    cached) of requests whose client left before the server said them, as its log shows;
+    `kv_bytes_per_token`: a kept file's size per token, where the log does not say it."""
     records = sorted(records, key=start_of)
-    work = Workload(files=kept_files(records), saves=logged_saves(records))
+    work = Workload(files=kept_files(records, kv_bytes_per_token), saves=logged_saves(records))
     typical = _typical_generated(records)
     usual_prompt = _typical_prompt(records)
     ids = SegmentIds()
