@@ -137,9 +137,10 @@ async def test_other_lora_waits_in_passthrough_and_batches_in_fixed(
     assert p.short.events[0] >= p.long.events[-1] - 0.05
     assert p.short_record["lora_out"] == [{"id": 0, "scale": 0.0}]
 
-    # fixed: it starts at once and both streams decode at the same time.
+    # fixed: it starts at once (not after the long stream: a twentieth of what it still ran,
+    # whatever else loads the machine; ~50-650 ms seen) and both streams decode at the same time.
     f = fixed
-    assert f.short_record["queue_ms"] < 300
+    assert f.short_record["queue_ms"] < 0.05 * f.long_left_ms
     assert f.short.events[-1] < f.long.events[-1]
     assert f.long_events_during_short() >= 10
     assert f.short_record["lora_in"] == [{"id": 0, "scale": 0.0}]

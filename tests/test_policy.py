@@ -894,6 +894,20 @@ class TestRule12EverySlotUserCounts:
         assert isinstance(piece, FeedPiece) and piece.req_id == "c"
         assert p.snapshot().held[-1] == "y"
 
+    def test_a_freed_slot_owed_to_one_cold_request_is_not_taken_by_a_later_one(self) -> None:
+        """Two cold requests past their time alone and a short turn held between them: the slot
+        that frees is the first one's, and the second, which came after the short turn, waits."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        p.on_arrival("a", 8000, 8000, 0.0)  # 8 s alone
+        assert kinds(p.on_arrival("x", 100, 100, 1.0)) == ["Hold"]
+        p.on_arrival("b", 3000, 3000, 2.0)  # 3 s alone: due first, at 5 s
+        [piece] = p.on_finished("s1", 10.0)
+        assert isinstance(piece, FeedPiece) and piece.req_id == "a"
+        assert p.on_finished("s2", 11.0) == [
+            Admit("x", "held for a free slot (2 of 2 in use); not cold")]
+
     def test_a_background_job_lets_chat_turns_have_a_freed_slot_first_for_a_while(self) -> None:
         """Nobody reads a translation as it comes: with every slot taken, chat turns that came
         after it take a freed slot first, until it has waited `max_hold_s` (30 s here); its

@@ -21,6 +21,7 @@ from proxy.whatif.calibrate import DecodeObs, fit
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
+from proxy.whatif.modelfile import kv_bytes_per_token
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
 from proxy.whatif.requests import build_workload
 from proxy.whatif.settings import (
@@ -400,6 +401,15 @@ class TestCommandLine:
             assert main(["whatif", str(log), "--server-log", str(server_log), "-o",
                          str(tmp_path / "o.jsonl"), "--costs-out", str(costs)]) == 0
             assert said in costs.read_text()
+
+    def test_a_model_file_cut_short_or_not_gguf_says_nothing(self, tmp_path: Path,
+                                                          tiny_model: ModelFiles) -> None:
+        whole = tiny_model.model.read_bytes()
+        for name, data in (("cut.gguf", whole[:40]), ("cut2.gguf", whole[:500]),
+                           ("text.gguf", b"not a model")):
+            (tmp_path / name).write_bytes(data)
+            assert kv_bytes_per_token(str(tmp_path / name)) is None
+        assert kv_bytes_per_token(str(tiny_model.model)) == 4 * 256 * 2 * 2
 
     def test_check_compares_with_a_measured_run(self, tmp_path: Path,
                                                 recorded_day: list[dict[str, Any]],

@@ -122,10 +122,11 @@ class PrefillConfig:
     """chunk: the cold request should take at most this × its time alone (as the fitted batch cost
     predicts it); the pauses between pieces shrink when it falls behind. 0: no such bound."""
     background_purposes: tuple[str, ...] = ()
-    """chunk: `X-Slotwise-Purpose` values of background jobs (e.g. "translation"): while others
+    """`X-Slotwise-Purpose` values of background jobs (e.g. "translation"). chunk: while others
     generate, one is fed in pieces whenever sent whole it would stall them over 2 × `max_stall_ms`,
-    while slots are to spare; its own client waits longer so that nobody's reply freezes. A chat
-    turn: over 8 ×, from 512 new tokens."""
+    while slots are to spare; its own client waits longer so that nobody's reply freezes (a chat
+    turn: over 8 ×, from 512 new tokens). With every slot taken (any mode but off, or keep_kv on)
+    it lets the chat turns have a freed slot first until it has waited `max_hold_s`."""
 
     def is_background(self, purpose: str | None) -> bool:
         """Whether a request with this `X-Slotwise-Purpose` is a background job."""

@@ -117,7 +117,8 @@ class PrefillGate:
         key = f"{flight.id}#{next(self._seq)}"
         if cfg.mode == "off" and self._keep is None:  # no estimate: zero added latency
             self._keys[flight] = key
-            self._apply(self._policy.on_arrival(key, 0, 0, self._clock()))
+            self._apply(self._policy.on_arrival(key, 0, 0, self._clock(),
+                                                background=cfg.is_background(flight.purpose)))
             return
         ids, est, note = await self._estimate(cfg, flight.kind, body)
         restorable = None

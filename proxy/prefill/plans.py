@@ -43,10 +43,19 @@ class Server:
     """Slots nobody uses or keeps (rule 12); None: the server's slot count is unknown."""
     slot_wanted: bool = False
     """Somebody is held for a slot (rules 12 and 14): a background job's rest goes whole (rule 1)."""
+    first_held: Place | None = None
+    """Where the first request held for a slot stands at `now` (slot_line.py's `place`)."""
+    now: float = 0.0
 
     def takes(self, held: HeldRequest) -> bool:
-        """Whether a plan may use the server now: it keeps a slot, or one is free."""
-        return held.has_slot or self.free_slots is None or self.free_slots > 0
+        """Whether a plan may use the server now: it keeps a slot, or one is free and nobody held
+        for a slot stands before it (rule 12: a free slot with somebody held is owed to a plan
+        at or before their place, never to one after it)."""
+        if held.has_slot or self.free_slots is None:
+            return True
+        return self.free_slots > 0 and (
+            self.first_held is None
+            or place(held.req, self.now, self.cfg.max_hold_s) <= self.first_held)
 
 
 class ColdPlans:

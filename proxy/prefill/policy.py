@@ -192,6 +192,8 @@ class PrefillPolicy:
         self._saving: str | None = None
         self.save_ms: float | None = None
         """What the last save cost the server's main loop (rule 16)."""
+        self._now = 0.0
+        """The latest `now` the policy decided at (`_server`'s view of the slot line)."""
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -435,6 +437,7 @@ class PrefillPolicy:
     def _advance(self, now: float) -> list[Decision]:
         """Apply rules 4-7, 12 and 14 until nothing changes: restores take a freed slot first,
         then the requests held for one, then the cold plans."""
+        self._now = now
         out: list[Decision] = []
         while True:
             step = [*self._restore_step(now), *self._unclaim(now), *self._plan_step(now)]
@@ -478,11 +481,14 @@ class PrefillPolicy:
         return self._release(*step, now)
 
     def _server(self) -> Server:
+        """The plans' view, at the last `now` the policy was given (`_advance`)."""
+        now = self._now
         return Server(self._cfg, self._n_batch, self._cost, self._use,
                       other_piece=bool(self._warm_pieces or self._saving),
                       free_slots=(None if self._line.slots is None
                                   else self._line.free(self._taken())),
-                      slot_wanted=bool(self._line))
+                      slot_wanted=bool(self._line),
+                      first_held=self._line.first_place(now, self._cfg.max_hold_s), now=now)
 
     # ---- state -------------------------------------------------------------------------------
 

@@ -28,36 +28,40 @@ def model_path(lines: Iterable[str]) -> str | None:
 
 def kv_bytes_per_token(path: str) -> float | None:
     """One token's K and V over every layer, f16, as the GGUF's metadata gives them; None when the
-    file is not here or does not say."""
+    file is not here, cannot be read (a truncated or half-copied file raises about anything in
+    the reader), or does not say. Models whose KV is not per layer and head (MLA's compressed
+    latent, `kv_lora_rank`) give None; sliding-window layers are counted whole."""
     if not Path(path).is_file():
         return None
     try:
         reader = gguf.GGUFReader(path)
-    except (OSError, ValueError):
+        arch = _value(reader, "general.architecture")
+        if not isinstance(arch, str) or _value(reader, f"{arch}.attention.kv_lora_rank") is not None:
+            return None
+        layers = _value(reader, f"{arch}.block_count")
+        heads = _value(reader, f"{arch}.attention.head_count")
+        kv_heads = _value(reader, f"{arch}.attention.head_count_kv")
+        embedding = _value(reader, f"{arch}.embedding_length")
+        key_len = _value(reader, f"{arch}.attention.key_length")
+        value_len = _value(reader, f"{arch}.attention.value_length")
+    except Exception:  # a file the reader cannot parse (truncated, not GGUF) says nothing
         return None
-    fields = {name: _value(f) for name, f in reader.fields.items()}
-    arch = fields.get("general.architecture")
-    if not isinstance(arch, str):
-        return None
-    layers, heads = fields.get(f"{arch}.block_count"), fields.get(f"{arch}.attention.head_count")
-    kv_heads = fields.get(f"{arch}.attention.head_count_kv", heads)
-    embedding = fields.get(f"{arch}.embedding_length")
-    if not isinstance(layers, int) or not isinstance(heads, int) or heads <= 0:
-        return None
-    default_len = embedding // heads if isinstance(embedding, int) else None
-    key_len = fields.get(f"{arch}.attention.key_length", default_len)
-    value_len = fields.get(f"{arch}.attention.value_length", default_len)
-    if not isinstance(key_len, int) or not isinstance(value_len, int):
+    kv_heads = heads if kv_heads is None else kv_heads
+    if key_len is None or value_len is None:  # llama.cpp's default: embedding / heads
+        if not isinstance(heads, int) or heads <= 0 or not isinstance(embedding, int):
+            return None
+        key_len = embedding // heads if key_len is None else key_len
+        value_len = embedding // heads if value_len is None else value_len
+    if not isinstance(layers, int) or not isinstance(key_len, int) or not isinstance(value_len, int):
         return None
     per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * layers
     if len(per_layer) != layers or not all(isinstance(h, int) for h in per_layer):
         return None
-    return float(sum(per_layer) * (key_len + value_len) * F16_BYTES)
+    size = sum(per_layer) * (key_len + value_len) * F16_BYTES
+    return float(size) if size > 0 else None
 
 
-def _value(field: Any) -> Any:
-    """A metadata field's value (a string, a number, a list), or None where it cannot be read."""
-    try:
-        return field.contents()
-    except (AttributeError, ValueError, IndexError):
-        return None
+def _value(reader: gguf.GGUFReader, key: str) -> Any:
+    """One metadata field's value (a string, a number, a list); None when the file has none."""
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
