@@ -53,9 +53,12 @@ class Server:
         at or before their place, never to one after it)."""
         if held.has_slot or self.free_slots is None:
             return True
-        return self.free_slots > 0 and (
-            self.first_held is None
-            or place(held.req, self.now, self.cfg.max_hold_s) <= self.first_held)
+        return self.free_slots > 0 and self.not_behind_the_line(held)
+
+    def not_behind_the_line(self, held: HeldRequest) -> bool:
+        """Nobody held for a slot stands before this plan (slot_line.py's `place`)."""
+        return (self.first_held is None
+                or place(held.req, self.now, self.cfg.max_hold_s) <= self.first_held)
 
 
 class ColdPlans:
@@ -81,22 +84,22 @@ class ColdPlans:
         """Slots the plans use or keep (rule 12): one per plan a piece of which went."""
         return sum(1 for p in self.held.values() if p.has_slot)
 
-    def slots_owed(self, server: Server, now: float, first: Place | None = None) -> int:
+    def slots_owed(self, server: Server, now: float) -> int:
         """Rules 4 and 12: `chunk` plans with no slot yet that have waited their own time alone
         since they arrived, and are not in a hold; each is owed the next free slot, before the
         requests held for one (else, with every slot busy and short turns always waiting, a cold
         request never gets its first piece: bench day, a 593-token translation held 305 s). But
-        not before the first request held for one (at `first`) if that one's place is before
-        theirs (slot_line.py's `place`: arrival order, background jobs after the chat turns for
-        `max_hold_s`; bench day: a translation that came 11 s after `bob-1` took the slot he had
-        waited 21 s for, and he waited 27 s)."""
+        not before the first request held for one if that one's place is before theirs
+        (`Server.not_behind_the_line`, slot_line.py's `place`: arrival order, background jobs
+        after the chat turns for `max_hold_s`; bench day: a translation that came 11 s after
+        `bob-1` took the slot he had waited 21 s for, and he waited 27 s)."""
         if server.cfg.mode != "chunk":
             return 0
         cost, n_batch = server.cost.cost, server.n_batch
         return sum(1 for p in self.held.values()
                    if not p.has_slot and p.due_at(cost, n_batch) <= now
                    and (p.hold_until is None or p.hold_until <= now)
-                   and (first is None or place(p.req, now, server.cfg.max_hold_s) <= first))
+                   and server.not_behind_the_line(p))
 
     # ---- events ------------------------------------------------------------------------------
 

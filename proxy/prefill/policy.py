@@ -462,10 +462,8 @@ class PrefillPolicy:
         no cold plan is owed it."""
         out: list[Decision] = []
         while True:
-            patience = self._cfg.max_hold_s
-            owed = self._plans.slots_owed(self._server(), now,
-                                          self._line.first_place(now, patience))
-            behind = self._line.next_behind(now, self._taken() + owed, patience)
+            owed = self._plans.slots_owed(self._server(), now)
+            behind = self._line.next_behind(now, self._taken() + owed, self._cfg.max_hold_s)
             if behind is None:
                 return out
             req, why = behind
