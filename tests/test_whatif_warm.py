@@ -1,13 +1,15 @@
 """Warm-ups in `slotwise whatif`: the warm-up calls a log shows are asked for again, after the
 request they followed, and slotwise's own warm-up queue runs them inside the model: the turn they
 were for finds its prefix computed and is credited with it, the streams keep their pace, and with
-`warm.enabled=false` the calls are refused and the turn computes it all."""
+`warm.enabled=false` the calls are refused and the turn computes it all. A warm-up the log shows
+restored a kept file restores it in the model too (keep_kv)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from proxy.report.records import parse_time
+from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.requests import build_workload
 from proxy.whatif.synth import loaded, record
 from proxy.whatif.warmjobs import warm_jobs
@@ -92,3 +94,71 @@ class TestReplay:
         assert turn.warmed_tokens == warm.fed_tokens and turn.warm_ids == ("w",)
         # the rest was computed by the turn itself, not lost
         assert turn.warmed_tokens + (turn.fed_tokens or 0) + (turn.computed_tokens or 0) >= 6120
+
+
+def returning_with_warm_up(turn_at: float = 6.0,
+                           between: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Client `a` streams; client `b` comes back to a 6,000-token history saved before the log
+    (llama-server restarted since, nothing cached): its chat app asks for a warm-up, which
+    restores the kept file (its record, as the keeper writes it: the 5,999 tokens the file
+    covered) and has nothing left to compute (so no turn is credited with it); at `turn_at` `b`
+    sends the turn, which finds those tokens cached. `between`: `b`'s other requests."""
+    warm = {**warm_call("w", 1.0, "b", 6000), "fed_tokens": 0, "pieces": 0,
+            "prefill_plan": "none", "total_ms": 400.0, "restored_tokens": 5999}
+    call = {**record(f"w{RESTORE_SUFFIX}", 1.0, "b", 0, 0, 0), "kind": "kv_restore",
+            "endpoint": "/slots/1?action=restore", "stream": False, "total_ms": 300.0,
+            "restored_tokens": 5999, "kv_tokens": 6000, "kv_bytes": 6000 * 25_000,
+            "kv_file": "slotwise-cc.kv", "timings": None}
+    return loaded([record("s", 0.0, "a", 300, 0, 400), warm, call, *(between or []),
+                   record("b1", turn_at, "b", 6100, 5999, 50)])
+
+
+class TestKeptFile:
+    def test_the_turn_after_a_warm_up_that_restored_counts_those_tokens_restored(self) -> None:
+        work = build_workload(returning_with_warm_up())
+        turn = next(j for j in work.jobs if j.id == "b1")
+        # not a sequence cached before the log: the file's, which the turn may restore itself
+        assert (turn.kept, turn.recorded_cache) == (5999, 0) and not work.before_log
+        assert work.files["b1"] == work.files["w"] and work.restored_by_warm_up == {"w": "b1"}
+        (warm,) = warm_jobs(work.warm_records, work.jobs, restored=work.restored_by_warm_up).jobs
+        assert warm.kept == 5999 and warm.prefix == turn.prompt.prefix(6000)
+
+    def test_another_request_of_the_client_before_the_turn_gets_nothing_of_the_file(self) -> None:
+        """`b` asks something else in between (a short question, a little cached): the file is
+        its turn's, which found it, not that request's."""
+        other = record("b0", 3.0, "b", 900, 600, 20)
+        work = build_workload(returning_with_warm_up(between=[other]))
+        b0, b1 = (next(j for j in work.jobs if j.id == rid) for rid in ("b0", "b1"))
+        assert b0.kept == 0 and "b0" not in work.files
+        assert b1.kept == 5999 and work.restored_by_warm_up == {"w": "b1"}
+
+    def test_the_warm_up_restores_the_file_and_the_turn_computes_only_its_message(self) -> None:
+        out = by_id(day=returning_with_warm_up())
+        warm, turn = out["w"], out["b1"]
+        assert warm.outcome == "done" and warm.restored_tokens == 5999 and warm.fed_tokens == 0
+        restore = out[f"w{RESTORE_SUFFIX}"]
+        assert restore.kind == "kv_restore" and restore.total_ms == 300.0
+        assert turn.restored_tokens == 0 and (turn.computed_tokens or 0) <= 101
+        assert parse_time(str(restore.start)) < parse_time(str(turn.start))
+
+    def test_a_turn_that_comes_during_the_restore_waits_for_it_and_finds_the_file(self) -> None:
+        out = by_id(day=returning_with_warm_up(turn_at=1.1))
+        warm, turn, restore = out["w"], out["b1"], out[f"w{RESTORE_SUFFIX}"]
+        assert warm.outcome == "superseded" and warm.restored_tokens == 5999
+        assert turn.restored_tokens == 0 and (turn.computed_tokens or 0) <= 101
+        restore_end = parse_time(str(restore.start)) + (restore.total_ms or 0) / 1000.0
+        assert parse_time(str(turn.start)) < restore_end
+        assert parse_time(str(turn.start)) + (turn.ttft_ms or 0) / 1000.0 > restore_end
+
+    def test_with_warm_ups_off_the_turn_restores_it_and_with_keep_kv_off_it_is_computed(self) -> None:
+        day = returning_with_warm_up()
+        no_warm = by_id("warm.enabled=false", day=day)
+        assert no_warm["w"].status == 503
+        assert no_warm["b1"].restored_tokens == 5999
+        assert no_warm[f"b1{RESTORE_SUFFIX}"].kind == "kv_restore"
+        assert (no_warm["b1"].computed_tokens or 0) <= 101
+        no_keep = by_id("keep_kv.enabled=false", day=day)
+        assert f"w{RESTORE_SUFFIX}" not in no_keep and no_keep["w"].restored_tokens == 0
+        # the history computed again, by the warm-up and the turn between them
+        b1 = no_keep["b1"]
+        assert no_keep["w"].fed_tokens + b1.fed_tokens + (b1.computed_tokens or 0) >= 6000

@@ -1,8 +1,9 @@
 """Kept KV (keep_kv) inside the replay: a request the log shows restored arrives with its file
-(`Restorable`), the prefill policy decides when it is restored (its rule 14), and the saves the log
-shows go when the policy lets them (its rule 16); both are the server model's main-loop work (its
-rule 10), and their records are the keeper's own. The files are the ones the log shows (kept.py).
-Pure: driven by the replay's clock.
+(`Restorable`), the prefill policy decides when it is restored (its rule 14), a warm-up the log
+shows restored restores when its queue says (warming.py), and the saves the log shows go when the
+policy lets them (its rule 16); all are the server model's main-loop work (its rule 10), and their
+records are the keeper's own. The files are the ones the log shows (kept.py). Pure: driven by the
+replay's clock.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from proxy.record.kind import Kind
 from proxy.whatif.flights import Witness
 from proxy.whatif.gatekeeper import Action, PolicySeam
 from proxy.whatif.kept import RESTORE_SUFFIX, LoggedSave
-from proxy.whatif.prompts import Held
+from proxy.whatif.prompts import Held, Seq
 from proxy.whatif.requests import Job, Workload
 from proxy.whatif.server import LoopDone, LoopWork, ServerModel
 
@@ -30,8 +31,6 @@ class Keeping:
         self.enabled = knobs.enabled
         self._work, self._knobs, self._server = work, knobs, server
         self._policy, self._witness, self._apply = policy, witness, apply
-        self._before: dict[str, int] = {}
-        """What the server held of each restoring request's prompt before its restore, by key."""
         self._due: dict[str, LoggedSave] = {}
         """Saves come due that the policy has not let go yet."""
 
@@ -47,34 +46,51 @@ class Keeping:
     # ---- restores -------------------------------------------------------------------------------
 
     def restorable(self, job: Job, cached: int) -> Restorable | None:
-        """The file the log shows this request restored, if it would spare enough now (the keep
-        store's rule 7: `min_tokens` more than is cached, `MOST` of the prompt)."""
+        """The file the log shows this request restored, if it would spare enough now."""
         file = self._work.files.get(job.id)
-        if not self.enabled or file is None or not job.kept:
-            return None
-        spare = job.kept - cached
-        if spare < self._knobs.min_tokens or job.kept < MOST * job.prompt_tokens:
+        spare = self.spare(job.id, job.kept, cached, job.prompt_tokens)
+        if file is None or not spare:
             return None
         return Restorable(spare, file.restore_ms, self._knobs.max_wait_s)
 
-    def restore(self, key: str, job: Job, now: float) -> None:
-        """The policy's Restore: the file goes into an idle slot at the next boundary."""
-        self._before[key] = self._server.common(job.prompt)
-        self._server.run_on_loop(LoopWork(key, self._work.files[job.id].restore_ms,
-                                          Held(job.prompt, job.kept)), now)
+    def spare(self, file_id: str, kept: int, cached: int, prompt_tokens: int) -> int:
+        """What the file under `file_id` (holding the prompt's first `kept` tokens) would spare
+        now, if enough (the keep store's rule 7: `min_tokens` more than is cached, `MOST` of the
+        prompt); else 0. For a request, and for a warm-up (the warm-up queue's rule 10)."""
+        if not self.enabled or file_id not in self._work.files or not kept:
+            return 0
+        spare = kept - cached
+        if spare < self._knobs.min_tokens or kept < MOST * prompt_tokens:
+            return 0
+        return spare
+
+    def restore(self, key: str, file_id: str, prompt: Seq, kept: int, now: float) -> None:
+        """A restore of the file under `file_id` (the policy's Restore for a request, a warm-up
+        queue's RestoreKept): it goes into an idle slot at the next boundary, `LoopDone` under
+        `key` when it ends."""
+        self._server.run_on_loop(LoopWork(key, self._work.files[file_id].restore_ms,
+                                          Held(prompt, kept)), now)
+
+    def restore_ended(self, file_id: str, client: str | None, kept: int, done: LoopDone) -> bool:
+        """A restore ended: whether into a slot (its record written, named after `file_id`,
+        saying the `kept` tokens the file covered, as the keeper's does), or with no idle slot to
+        go into."""
+        if done.slot is None:
+            return False
+        self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
+                              self._work.files[file_id].name, start=done.t - done.work.ms / 1000.0,
+                              end=done.t, client=client, tokens=kept, restored=kept)
+        return True
 
     def restored(self, key: str, job: Job, flight: Flight, done: LoopDone) -> None:
-        """Its restore ended: in a slot (the request goes on with the rest to compute), or with
-        no idle slot to go into (it waits for a request to end)."""
-        now, before = done.t, self._before.pop(key, 0)
-        if done.slot is None:
+        """A request's restore ended: in a slot (the request goes on with the rest to compute),
+        or with no idle slot to go into (it waits for a request to end)."""
+        now = done.t
+        if not self.restore_ended(job.id, job.client, job.kept, done):
             self._apply(self._policy.restore_failed(key, "no idle slot to restore into", now,
                                                     no_slot=True), now)
             return
-        flight.restored_tokens = spared = max(0, job.kept - before)
-        self._witness.kv_call(f"{job.id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
-                              self._work.files[job.id].name, start=now - done.work.ms / 1000.0,
-                              end=now, client=job.client, tokens=job.kept, restored=spared)
+        flight.restored_tokens = job.kept  # what the file covered, as the keeper records it
         self._apply(self._policy.restored(key, job.prompt_tokens - job.kept, now), now)
 
     # ---- saves ----------------------------------------------------------------------------------

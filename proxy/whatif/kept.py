@@ -31,7 +31,8 @@ class KeptFile:
     """The file a request restored from in the log."""
 
     restored: int
-    """The prompt tokens the restore spared (the record's `restored_tokens`)."""
+    """The prompt tokens the file covered (the record's `restored_tokens`, as the keeper writes
+    it: with those the server held already)."""
     restore_ms: float
     name: str | None = None
 

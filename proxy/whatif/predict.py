@@ -172,7 +172,8 @@ MODELLED_TABLES = ("prefill", "lora", "keep_kv", "warm")
 def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     """What the what-if's settings ask for that the model does not do (yet)."""
     notes = []
-    files, saves = len(workload.files), len(workload.saves)
+    # a request after a warm-up that restored shares the warm-up's file (the same object)
+    files, saves = len({id(f) for f in workload.files.values()}), len(workload.saves)
     if whatif.config.keep_kv.enabled and (files or saves):
         notes.append(f"keep_kv: the {files} restores and {saves} saves the log shows go as "
                      "slotwise's policy decides them; a conversation the log shows no file of is "
@@ -192,10 +193,11 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     if warmups and whatif.config.warm.enabled:
         notes.append(f"warm-ups: the {warmups} the log shows are asked for again (after their "
                      "client's previous request, as then) and slotwise's warm-up queue runs them; "
-                     "a kept file is never restored for one")
+                     "one restores only a kept file the log shows it restored")
     elif warmups:
         notes.append(f"warm.enabled off: the {warmups} warm-up calls the log shows are refused; "
-                     "what they computed is computed by the requests")
+                     "what they computed is computed by the requests, a kept file one restored "
+                     "is restored by its turn")
     others = sorted({k for k in whatif.changed if "." in k
                      and k.split(".", 1)[0] not in MODELLED_TABLES})
     if others:

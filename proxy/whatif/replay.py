@@ -77,7 +77,8 @@ class Replay:
         self.server = ServerModel(settings.server, costs)
         self.server.preload(workload.before_log, workload.used_before)
         self.witness = Witness(build=records)
-        self.warm_plan = warm_jobs(workload.warm_records, workload.jobs)
+        self.warm_plan = warm_jobs(workload.warm_records, workload.jobs,
+                                   restored=workload.restored_by_warm_up)
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
                                  keep=cfg.keep_kv.enabled,
                                  warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
@@ -89,7 +90,7 @@ class Replay:
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
         self.warming = Warming(cfg, self.server, self.policy, self.witness, self.loras, self._apply,
-                               self.clock.at, costs.piece_ms / 2000.0)
+                               self.clock.at, costs.piece_ms / 2000.0, self.keeping)
         self.wakeups = Wakeups(self.clock, self.policy.next_wakeup,
                                lambda now: self._apply(self.policy.tick(now), now),
                                self.warming.next_wakeup)
@@ -186,7 +187,8 @@ class Replay:
                 self.server.cancel(live.piece, now)
                 live.piece = None
             elif isinstance(action, Restore):
-                self.keeping.restore(live.key, live.job, now)
+                job = live.job
+                self.keeping.restore(live.key, job.id, job.prompt, job.kept, now)
 
     def _release(self, live: _Live, action: Send, now: float) -> None:
         facts = live.flight.prefill
@@ -283,6 +285,9 @@ class Replay:
     def _loop_done(self, done: LoopDone) -> None:
         if done.work.held is None:
             self.keeping.saved(done)
+            return
+        if self.warming.restoring(done.work.key):
+            self.warming.restore_ended(done)
             return
         live = self._live.get(done.work.key)
         if live is not None and not live.ended:

@@ -9,7 +9,11 @@ from before the log began. A client's prompt that found less than its previous p
 pause of `return_gap_s` or more is taken to extend that prompt and reply whole: the history was
 the same, the server had lost it (a first turn of the day). A prompt part of which a kept file
 restored (keep_kv) extends the client's newest earlier request that long, the one whose
-conversation was saved; with none, the restored part was saved before the log (kept.py). Pure.
+conversation was saved; with none, the restored part was saved before the log (kept.py). A warm-up
+that restored a file (the warm-up queue's rule 10) restored it for its turn: its client's first
+request after it that found most of the file's tokens cached (one credited with the warm-up's work
+and not finding them ends the search). The turn counts them as restored, and the file is its own
+too (with warm-ups off in the what-if, the turn restores it). Pure.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.keep.store import MOST
 from proxy.record.kind import Kind
 from proxy.report.records import (
     COMPLETION_KINDS,
@@ -120,7 +125,11 @@ class Workload:
     log's median prompt (they held a slot or a place in the queue all the same); those with no
     first token either are `starved`."""
     files: dict[str, KeptFile] = field(default_factory=dict)
-    """The kept file each request the log shows restored had, by its id (kept.py)."""
+    """The kept file each request the log shows restored had, by its id (kept.py); a warm-up's
+    turn that found its file's tokens (`restored_by_warm_up`) has the warm-up's."""
+    restored_by_warm_up: dict[str, str] = field(default_factory=dict)
+    """Warm-up id → the id of its turn, for warm-ups the log shows restored a file whose turn
+    found most of it cached."""
     saves: list[LoggedSave] = field(default_factory=list)
     """The saves of kept KV the log shows."""
 
@@ -142,12 +151,16 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
     last: dict[str, RecordLine] = {}
     log_end = max((start_of(r) + (num(r, "total_ms") or 0.0) / 1000.0 for r in records),
                   default=0.0)
+    restoring_warm: dict[str, RecordLine] = {}
+    """By client: its latest warm-up that restored a file in the log, until its turn."""
     for record in records:
         kind = record.get("kind")
         if kind in OWN_KINDS:
             work.dropped += 1
             if kind == Kind.WARM:
                 work.warm_records.append(record)
+                if str(record.get("id")) in work.files and isinstance(record.get("client"), str):
+                    restoring_warm[str(record.get("client"))] = record
             continue
         client = record.get("client")
         previous = last.get(client) if isinstance(client, str) else None
@@ -164,6 +177,11 @@ def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_G
         if kind not in COMPLETION_KINDS or record.get("outcome") not in REPLAYED or shape is None:
             work.copied.append(record)
             continue
+        if isinstance(client, str) and (warm := restoring_warm.get(client)) is not None:
+            found = _restored_by_warm_up(shape, warm, str(record.get("id")), work)
+            if found is not shape or str(warm.get("id")) in (record.get("warm_ids") or ()):
+                del restoring_warm[client]
+            shape = found
         gap = math.inf if str(record.get("id")) in rewritten else return_gap_s
         job = _job(record, shape, work, by_client, ids, gap)
         if str(record.get("id")) in work.guessed and num(record, "ttft_ms") is None:
@@ -210,6 +228,21 @@ def _shape(record: RecordLine, typical: int) -> _Shape | None:
     restored = int(num(record, "restored_tokens") or 0)
     return _Shape(prompt, cache, max(1, int(generated)),
                   max(0, min(restored, prompt - 1 - cache)))
+
+
+def _restored_by_warm_up(shape: _Shape, warm: RecordLine, rid: str, work: Workload) -> _Shape:
+    """A request after its client's warm-up that restored a file: if it found most of the
+    file's tokens cached, it is the warm-up's turn and those are its restored ones (its prompt
+    extends the saved conversation, not a sequence cached before the log), and the file is its
+    own when it has none; else `shape` itself."""
+    covered = int(num(warm, "restored_tokens") or 0)  # the keeper's record: what the file covered
+    if covered <= 0 or shape.cache < MOST * covered:
+        return shape
+    spared = min(covered, shape.cache)
+    wid = str(warm.get("id"))
+    work.files.setdefault(rid, work.files[wid])
+    work.restored_by_warm_up[wid] = rid
+    return dataclasses.replace(shape, cache=shape.cache - spared, restored=shape.restored + spared)
 
 
 def _left_unsized(record: RecordLine) -> bool:

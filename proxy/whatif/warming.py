@@ -3,8 +3,10 @@
 gate's loop ticks it; their pieces are the server model's tasks, told to the policy (a slot user
 and the piece in flight while they run, a batch its cost learns from when they end); a real request
 of a warm-up's conversation ends it after its piece in flight and is credited with its work (the
-queue's rule 7); each warm-up's record is the warmer's own. Not modelled: a kept file restored for
-a warm-up (the queue's rule 10: every warm-up computes). Pure: driven by the replay's clock.
+queue's rule 7); a warm-up the log shows restored a kept file restores it when the queue says (its
+rule 10), on the server model's main loop through keeping.py, in flight like a piece (keep_kv on in
+the what-if; off, it computes); each warm-up's record is the warmer's own. Pure: driven by the
+replay's clock.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from proxy.config import Config
 from proxy.record.flight import Flight
 from proxy.request.errors import TooManyWarmUps, WarmOff
-from proxy.warm.queue import WarmQueue
+from proxy.warm.queue import MIN_TOKENS, WarmQueue
 from proxy.warm.record import warm_flight
 from proxy.warm.values import (
     CancelWarmPiece,
@@ -29,10 +31,11 @@ from proxy.warm.values import (
 )
 from proxy.whatif.flights import Witness, text_or_none
 from proxy.whatif.gatekeeper import Action, PolicySeam
+from proxy.whatif.keeping import Keeping
 from proxy.whatif.loras import LoraPlan, batch_key, explicit
 from proxy.whatif.prompts import token_ids
 from proxy.whatif.requests import Job
-from proxy.whatif.server import Failed, Finished, ServerModel, TaskHappening
+from proxy.whatif.server import Failed, Finished, LoopDone, ServerModel, TaskHappening
 from proxy.whatif.slots import Task
 from proxy.whatif.warmjobs import WarmJob
 
@@ -47,13 +50,16 @@ class _Warm:
     flight: Flight
     lora: object
     piece: Task | None = None
+    restoring: bool = False
+    """Its restore of a kept file is on the server's main loop (in flight like a piece)."""
     waiting: list[Resume] = field(default_factory=list)
-    """Real requests of its conversation waiting for its piece in flight to end."""
+    """Real requests of its conversation waiting for its piece or restore in flight to end."""
 
 
 class Warming:
     def __init__(self, config: Config, server: ServerModel, policy: PolicySeam, witness: Witness,
-                 loras: LoraPlan, apply: Apply, at: At, piece_delay_s: float) -> None:
+                 loras: LoraPlan, apply: Apply, at: At, piece_delay_s: float,
+                 keeping: Keeping) -> None:
         self.enabled = config.warm.enabled
         """Whether warm-ups are served (off: each call is refused, as the route refuses it)."""
         self.queue = WarmQueue()
@@ -62,7 +68,10 @@ class Warming:
         self._apply_policy, self._at = apply, at
         self._delay = piece_delay_s
         """slotwise's own time around a piece (half before it reaches the server, half after)."""
+        self._keeping = keeping
         self._warms: dict[str, _Warm] = {}
+        self._restores: dict[str, _Warm] = {}
+        """Warm-ups whose restore is on the main loop, by id (also one that ended meanwhile)."""
         self._in_flight = 0
 
     @property
@@ -82,8 +91,10 @@ class Warming:
                 raise WarmOff("warm-ups are off (warm.enabled = false in slotwise's config)")
             self.queue.check_room(job.client, self._knobs)
             ids = token_ids(job.prefix)
-            warm = WarmUp(id=job.id, client=job.client, ids=ids, submitted=now,
-                          cached=min(len(ids), self._server.common(job.prefix)))
+            cached = min(len(ids), self._server.common(job.prefix))
+            restorable = self._keeping.spare(job.id, job.kept, cached, len(ids))
+            warm = WarmUp(id=job.id, client=job.client, ids=ids, submitted=now, cached=cached,
+                          restorable=restorable if restorable >= MIN_TOKENS else 0)
             decisions = self.queue.submit(warm, self._knobs, now)
         except WarmRefused as exc:
             self._witness.warm_refused(flight, TooManyWarmUps(str(exc)), now)
@@ -103,7 +114,8 @@ class Warming:
         ids = token_ids(job.prompt)
         decisions, wait = self.queue.claim(ids, now)
         self._decided(decisions, now)
-        pieces = [w for w in (self._warms.get(i) for i in wait) if w is not None and w.piece]
+        pieces = [w for w in (self._warms.get(i) for i in wait)
+                  if w is not None and (w.piece or w.restoring)]
 
         def credited(t: float) -> None:
             credit = self.queue.credit(ids)
@@ -155,6 +167,28 @@ class Warming:
             self._decided(self.queue.on_piece_failed(warm.job.id, happening.error, now), now)
             self._resume(warm, now)
 
+    def restoring(self, key: str) -> bool:
+        """Whether a main-loop work under `key` is one of its restores."""
+        return key in self._restores
+
+    def restore_ended(self, done: LoopDone) -> None:
+        """Its restore ended (`restoring`): the queue goes on after what the file held, or
+        computes it all when no slot was idle to take it."""
+        warm, now = self._restores.pop(done.work.key), done.t
+        warm.restoring = False
+        self._in_flight -= 1
+        job = warm.job
+        into_slot = self._keeping.restore_ended(job.id, job.client, job.kept, done)
+        if job.id in self._warms:  # not ended meanwhile (cancelled: the restore ran all the same)
+            if not into_slot:
+                self._decided(self.queue.on_restore_failed(job.id, now), now)
+            else:
+                warm.flight.restored_tokens = job.kept  # what the file covered, as the keeper says
+                self._decided(self.queue.on_restored(job.id, self._server.common(job.prefix), now),
+                              now)
+        self._resume(warm, now)
+        self._sync(now)
+
     # ---- applying decisions ----------------------------------------------------------------------
 
     def _decided(self, decisions: list[WarmDecision], now: float) -> None:
@@ -168,8 +202,11 @@ class Warming:
                 self._server.cancel(warm.piece, now)
                 self._piece_over(warm)
                 self._resume(warm, now)
-            elif isinstance(decision, RestoreKept):  # never asked for: no warm-up is restorable
-                self._decided(self.queue.on_restore_failed(warm.job.id, now), now)
+            elif isinstance(decision, RestoreKept):
+                warm.restoring = True
+                self._restores[warm.job.id] = warm
+                self._in_flight += 1
+                self._keeping.restore(warm.job.id, warm.job.id, warm.job.prefix, warm.job.kept, now)
             elif isinstance(decision, Ended):
                 self._end(warm, now)
 

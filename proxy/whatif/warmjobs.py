@@ -2,12 +2,14 @@
 plus the same pause, as the chat app calls it after a summary, else its logged time), by whom,
 with which LoRA settings, and its prefix: the first tokens of the turn it was for, the request
 credited with its work (`warm_ids`), else its client's next request; the log has no ids, and
-that turn's prompt, built by requests.py, holds the same tokens. Pure.
+that turn's prompt, built by requests.py, holds the same tokens. A warm-up that restored a kept file
+in the log carries how many of its prefix's first tokens the file held (`kept`: what requests.py
+counted as restored for its turn, `Workload.restored_by_warm_up`). Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,10 @@ class WarmJob:
     after: str | None = None
     """Its client's request it followed (sent `think_s` after that one's end in the replay)."""
     think_s: float = 0.0
+    kept: int = 0
+    """The prefix's first tokens the kept file it restored in the log held (keep_kv, the warm-up
+    queue's rule 10; the file is the workload's under its id); 0: none, or its turn did not find
+    them."""
 
 
 @dataclass
@@ -42,10 +48,17 @@ class WarmPlan:
 
 
 def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
-              return_gap_s: float = RETURN_GAP_S) -> WarmPlan:
+              return_gap_s: float = RETURN_GAP_S,
+              restored: Mapping[str, str] | None = None) -> WarmPlan:
     """`records`: the log's warm-up records; `jobs`: the requests the replay runs, in arrival
-    order."""
+    order; `restored`: warm-up id → its turn's id, for those that restored a kept file
+    (`Workload.restored_by_warm_up`)."""
+    restored = restored or {}
     credited = {str(w): job for job in jobs for w in (job.record.get("warm_ids") or ())}
+    by_id = {job.id: job for job in jobs}
+    for wid, turn_id in restored.items():
+        if turn_id in by_id:
+            credited.setdefault(wid, by_id[turn_id])
     plan = WarmPlan([], [])
     for record in sorted(records, key=start_of):
         wid, arrival = str(record.get("id")), start_of(record)
@@ -59,9 +72,10 @@ def warm_jobs(records: Sequence[RecordLine], jobs: Sequence[Job],
             continue
         before = [j for j in jobs if j.client == client and j.arrival < arrival and client is not None]
         think = pause_after(before[-1].record, arrival, return_gap_s) if before else None
+        kept = min(int(tokens), turn.kept) if restored.get(wid) == turn.id else 0
         plan.jobs.append(WarmJob(
             id=wid, record=record, arrival=arrival, client=client,
             prefix=turn.prompt.prefix(int(tokens)), lora_in=lora_asked(record),
-            after=before[-1].id if think is not None else None, think_s=think or 0.0))
+            after=before[-1].id if think is not None else None, think_s=think or 0.0, kept=kept))
     return plan
 
