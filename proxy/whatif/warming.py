@@ -50,8 +50,6 @@ class _Warm:
     flight: Flight
     lora: object
     piece: Task | None = None
-    restoring: bool = False
-    """Its restore of a kept file is on the server's main loop (in flight like a piece)."""
     waiting: list[Resume] = field(default_factory=list)
     """Real requests of its conversation waiting for its piece or restore in flight to end."""
 
@@ -71,7 +69,8 @@ class Warming:
         self._keeping = keeping
         self._warms: dict[str, _Warm] = {}
         self._restores: dict[str, _Warm] = {}
-        """Warm-ups whose restore is on the main loop, by id (also one that ended meanwhile)."""
+        """Warm-ups whose restore of a kept file is on the main loop, by id (also one that ended
+        meanwhile)."""
         self._in_flight = 0
 
     @property
@@ -115,7 +114,7 @@ class Warming:
         decisions, wait = self.queue.claim(ids, now)
         self._decided(decisions, now)
         pieces = [w for w in (self._warms.get(i) for i in wait)
-                  if w is not None and (w.piece or w.restoring)]
+                  if w is not None and (w.piece or self.restoring(w.job.id))]
 
         def credited(t: float) -> None:
             credit = self.queue.credit(ids)
@@ -175,7 +174,6 @@ class Warming:
         """Its restore ended (`restoring`): the queue goes on after what the file held, or
         computes it all when no slot was idle to take it."""
         warm, now = self._restores.pop(done.work.key), done.t
-        warm.restoring = False
         self._in_flight -= 1
         job = warm.job
         into_slot = self._keeping.restore_ended(job.id, job.client, job.kept, done)
@@ -202,8 +200,7 @@ class Warming:
                 self._server.cancel(warm.piece, now)
                 self._piece_over(warm)
                 self._resume(warm, now)
-            elif isinstance(decision, RestoreKept):
-                warm.restoring = True
+            elif isinstance(decision, RestoreKept):  # in flight like a piece until it ends
                 self._restores[warm.job.id] = warm
                 self._in_flight += 1
                 self._keeping.restore(warm.job.id, warm.job.id, warm.job.prefix, warm.job.kept, now)
