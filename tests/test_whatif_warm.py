@@ -102,7 +102,7 @@ def returning_with_warm_up(turn_at: float = 6.0,
     (llama-server restarted since, nothing cached): its chat app asks for a warm-up, which
     restores the kept file (its record, as the keeper writes it: the 5,999 tokens the file
     covered) and has nothing left to compute (so no turn is credited with it); at `turn_at` `b`
-    sends the turn, which finds those tokens cached. `between`: `b`'s other requests."""
+    sends the turn, which finds those tokens cached. `between`: other requests of the day."""
     warm = {**warm_call("w", 1.0, "b", 6000), "fed_tokens": 0, "pieces": 0,
             "prefill_plan": "none", "total_ms": 400.0, "restored_tokens": 5999}
     call = {**record(f"w{RESTORE_SUFFIX}", 1.0, "b", 0, 0, 0), "kind": "kv_restore",
@@ -149,6 +149,18 @@ class TestKeptFile:
         restore_end = parse_time(str(restore.start)) + (restore.total_ms or 0) / 1000.0
         assert parse_time(str(turn.start)) < restore_end
         assert parse_time(str(turn.start)) + (turn.ttft_ms or 0) / 1000.0 > restore_end
+
+    def test_a_warm_up_that_finds_every_slot_taken_restores_once_one_comes_free(self) -> None:
+        """Three more streams take the other slots (`-np 4`): the warm-up waits (the queue's rule
+        5) and restores into the slot the shortest reply leaves."""
+        others = [record("c1", 0.0, "c", 300, 0, 60), record("d1", 0.0, "d", 300, 0, 3000),
+                  record("e1", 0.0, "e", 300, 0, 3000)]
+        out = by_id(day=returning_with_warm_up(between=others))
+        restore, c1 = out[f"w{RESTORE_SUFFIX}"], out["c1"]
+        c1_end = parse_time(str(c1.start)) + (c1.total_ms or 0) / 1000.0
+        assert c1_end > parse_time(str(out["w"].start)) + 0.5  # every slot was taken meanwhile
+        assert parse_time(str(restore.start)) >= c1_end - 0.05
+        assert out["w"].restored_tokens == 5999 and (out["b1"].computed_tokens or 0) <= 101
 
     def test_with_warm_ups_off_the_turn_restores_it_and_with_keep_kv_off_it_is_computed(self) -> None:
         day = returning_with_warm_up()
