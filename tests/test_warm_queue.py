@@ -383,6 +383,10 @@ class TestRule10KeptFiles:
         assert q.on_restored("w", 2000, 0.2) == []
         assert feed(q, now=0.3).upto == 2496  # 2,000 + 512, down to a multiple of 64
 
+    def test_a_file_holding_fewer_than_min_tokens_more_is_not_worth_a_restore(self) -> None:
+        q = self.kept(MIN_TOKENS - 1)
+        assert [type(d) for d in q.on_tick(IDLE, Pieces(), KNOBS, 0.0)] == [Feed]
+
     def test_under_rule_5_s_conditions(self) -> None:
         q = self.kept()
         assert q.on_tick(Load(cold_held=True), Pieces(), KNOBS, 0.0) == []

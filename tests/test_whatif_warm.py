@@ -119,7 +119,7 @@ class TestKeptFile:
         turn = next(j for j in work.jobs if j.id == "b1")
         # not a sequence cached before the log: the file's, which the turn may restore itself
         assert (turn.kept, turn.recorded_cache) == (5999, 0) and not work.before_log
-        assert work.files["b1"] == work.files["w"] and work.restored_by_warm_up == {"w": "b1"}
+        assert work.file_of("b1") is work.files["w"] and work.restored_by_warm_up == {"w": "b1"}
         (warm,) = warm_jobs(work.warm_records, work.jobs, restored=work.restored_by_warm_up).jobs
         assert warm.kept == 5999 and warm.prefix == turn.prompt.prefix(6000)
 
@@ -129,7 +129,7 @@ class TestKeptFile:
         other = record("b0", 3.0, "b", 900, 600, 20)
         work = build_workload(returning_with_warm_up(between=[other]))
         b0, b1 = (next(j for j in work.jobs if j.id == rid) for rid in ("b0", "b1"))
-        assert b0.kept == 0 and "b0" not in work.files
+        assert b0.kept == 0 and work.file_of("b0") is None
         assert b1.kept == 5999 and work.restored_by_warm_up == {"w": "b1"}
 
     def test_the_warm_up_restores_the_file_and_the_turn_computes_only_its_message(self) -> None:

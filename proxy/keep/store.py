@@ -226,7 +226,7 @@ class KeepStore:
             covered = min(common_blocks(f.chain, key) * BLOCK_TOKENS, f.tokens, prompt_tokens - 1)
             if best is None or covered > best[1]:
                 best = (f, covered)
-        if best is None or best[1] < MOST * prompt_tokens or best[1] - cached < self.knobs.min_tokens:
+        if best is None or not worth_restoring(best[1], cached, prompt_tokens, self.knobs.min_tokens):
             return None
         return best
 
@@ -386,6 +386,12 @@ class KeepStore:
             return
         for conv in sorted(self.conversations.values(), key=lambda c: c.ended)[:extra]:
             del self.conversations[conv.name]
+
+
+def worth_restoring(covered: int, cached: int, prompt_tokens: int, min_tokens: int) -> bool:
+    """Rule 7's bar: a file covering `covered` of the prompt's tokens is restored only if that
+    is `MOST` of the prompt and spares `min_tokens` more than the server holds (`cached`)."""
+    return covered >= MOST * prompt_tokens and covered - cached >= min_tokens
 
 
 def _unchanged(conv: Conversation, slot: SlotState | None) -> bool:

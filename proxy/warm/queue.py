@@ -67,10 +67,11 @@ class WarmQueue:
      8. A warm-up not ended `expire_s` after it was asked for expires (after its piece in flight);
         an ended one is kept for crediting and `GET` until `expire_s` after its end (KEEP_ENDED).
      9. Cancel ends it at once (its piece in flight is cancelled); a failed piece ends it (failed).
-    10. A warm-up a kept file holds part of (keep_kv, `restorable`) restores it first, under rule
-        5's conditions, in place of its first piece and in flight like one; restored, its pieces go
-        on after what the file held (done at once with fewer than MIN_TOKENS left); a restore that
-        did not happen (no idle slot, a failure) leaves it to compute as usual.
+    10. A warm-up a kept file holds MIN_TOKENS or more of (keep_kv, `restorable`; less is not
+        worth a restore) restores it first, under rule 5's conditions, in place of its first piece
+        and in flight like one; restored, its pieces go on after what the file held (done at once
+        with fewer than MIN_TOKENS left); a restore that did not happen (no idle slot, a failure)
+        leaves it to compute as usual.
     11. Its first piece ends at `first_upto` at least (`sizing.first_piece_end`: rounded up to a
         multiple of 64, when that is at most FIRST_PIECE_MAX and a quarter of the prefix), as a
         cold request's does (the prefill policy's rule 17): shorter, llama-server would place it
@@ -83,6 +84,8 @@ class WarmQueue:
 
     def submit(self, warm: WarmUp, knobs: WarmKnobs, now: float) -> list[WarmDecision]:
         self._forget(knobs, now)
+        if warm.restorable < MIN_TOKENS:  # rule 10: not worth a restore
+            warm.restorable = 0
         if warm.to_compute < MIN_TOKENS:
             self.warmups[warm.id] = warm
             return self._end(warm, Outcome.DONE, "already cached: nothing to compute", now)

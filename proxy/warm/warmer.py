@@ -26,7 +26,7 @@ from proxy.prefill.hooks import KeepHook
 from proxy.record.flight import Flight
 from proxy.state import ProxyState
 from proxy.warm.prefix import chat_renders, common_prefix, is_chat_like
-from proxy.warm.queue import MIN_TOKENS, WarmQueue
+from proxy.warm.queue import WarmQueue
 from proxy.warm.record import ended_warm_record
 from proxy.warm.values import (
     CancelWarmPiece,
@@ -125,8 +125,7 @@ class Warmer:
             log.exception("asking keep_kv about warm-up %s failed inside slotwise", flight.id)
             return 0, cached
         cached = min(len(ids), self._estimator.cache.estimate_cached([*ids, NEXT_TOKEN]))
-        tokens = min(found.tokens, len(ids) - cached) if found is not None else 0
-        return (tokens if tokens >= MIN_TOKENS else 0), cached
+        return (min(found.tokens, len(ids) - cached) if found is not None else 0), cached
 
     def cancel(self, warm_id: str) -> None:
         """KeyError for an unknown id."""

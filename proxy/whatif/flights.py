@@ -136,7 +136,7 @@ class Witness:
 def timings(task: Task) -> dict[str, Any]:
     """The server's `timings` object for a finished task, as llama-server computes it."""
     first = task.tokens[0] if task.tokens else None
-    prompt_ms = (first - task.t_start) * 1000.0 if first is not None and task.t_start else 0.0
+    prompt_ms = task.prompt_ms
     predicted_ms = (task.tokens[-1] - first) * 1000.0 if first is not None else 0.0
     steps = max(1, task.n_gen - 1)
     return {

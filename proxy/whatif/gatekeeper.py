@@ -30,11 +30,10 @@ from proxy.record.flight import Phase
 
 @dataclass(frozen=True)
 class Send:
-    """Send the request upstream now; `pieces_fed`: after pieces (the gate's Forward)."""
+    """Send the request upstream now (the gate's Admit, or its Forward after pieces)."""
 
     req_id: str
     reason: str
-    pieces_fed: bool = False
 
 
 Action = Send | Hold | FeedPiece | Reject | CancelPiece | Restore | Save
@@ -143,10 +142,8 @@ class PolicySeam:
     def _actions(self, decisions: list[Decision]) -> list[Action]:
         out: list[Action] = []
         for decision in decisions:
-            if isinstance(decision, Admit):
+            if isinstance(decision, Admit | Forward):
                 out.append(Send(decision.req_id, decision.reason))
-            elif isinstance(decision, Forward):
-                out.append(Send(decision.req_id, decision.reason, pieces_fed=True))
             elif isinstance(decision, Hold | FeedPiece | Reject | CancelPiece | Restore | Save):
                 out.append(decision)
             else:

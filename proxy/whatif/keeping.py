@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proxy.config import KeepKvConfig
-from proxy.keep.store import MOST
+from proxy.keep.store import worth_restoring
 from proxy.prefill.events import Restorable
 from proxy.record.flight import Flight
 from proxy.record.kind import Kind
@@ -47,7 +47,7 @@ class Keeping:
 
     def restorable(self, job: Job, cached: int) -> Restorable | None:
         """The file the log shows this request restored, if it would spare enough now."""
-        file = self._work.files.get(job.id)
+        file = self._work.file_of(job.id)
         spare = self.spare(job.id, job.kept, cached, job.prompt_tokens)
         if file is None or not spare:
             return None
@@ -57,40 +57,40 @@ class Keeping:
         """What the file under `file_id` (holding the prompt's first `kept` tokens) would spare
         now, if enough (the keep store's rule 7: `min_tokens` more than is cached, `MOST` of the
         prompt); else 0. For a request, and for a warm-up (the warm-up queue's rule 10)."""
-        if not self.enabled or file_id not in self._work.files or not kept:
+        if not self.enabled or self._work.file_of(file_id) is None or not kept:
             return 0
-        spare = kept - cached
-        if spare < self._knobs.min_tokens or kept < MOST * prompt_tokens:
-            return 0
-        return spare
+        return kept - cached if worth_restoring(kept, cached, prompt_tokens,
+                                                self._knobs.min_tokens) else 0
 
     def restore(self, key: str, file_id: str, prompt: Seq, kept: int, now: float) -> None:
         """A restore of the file under `file_id` (the policy's Restore for a request, a warm-up
         queue's RestoreKept): it goes into an idle slot at the next boundary, `LoopDone` under
         `key` when it ends."""
-        self._server.run_on_loop(LoopWork(key, self._work.files[file_id].restore_ms,
-                                          Held(prompt, kept)), now)
+        file = self._work.file_of(file_id)
+        assert file is not None, "restored only when `spare` found its file"
+        self._server.run_on_loop(LoopWork(key, file.restore_ms, Held(prompt, kept)), now)
 
-    def restore_ended(self, file_id: str, client: str | None, kept: int, done: LoopDone) -> bool:
-        """A restore ended: whether into a slot (its record written, named after `file_id`,
-        saying the `kept` tokens the file covered, as the keeper's does), or with no idle slot to
-        go into."""
-        if done.slot is None:
+    def restore_ended(self, file_id: str, flight: Flight, kept: int, done: LoopDone) -> bool:
+        """A restore for `flight` (a request's or a warm-up's) ended: whether into a slot (its
+        record written, named after `file_id`, and the flight's `restored_tokens` set: the `kept`
+        tokens the file covered, as the keeper writes them), or with no idle slot to go into."""
+        file = self._work.file_of(file_id)
+        if done.slot is None or file is None:
             return False
+        flight.restored_tokens = kept
         self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
-                              self._work.files[file_id].name, start=done.t - done.work.ms / 1000.0,
-                              end=done.t, client=client, tokens=kept, restored=kept)
+                              file.name, start=done.t - done.work.ms / 1000.0,
+                              end=done.t, client=flight.client, tokens=kept, restored=kept)
         return True
 
     def restored(self, key: str, job: Job, flight: Flight, done: LoopDone) -> None:
         """A request's restore ended: in a slot (the request goes on with the rest to compute),
         or with no idle slot to go into (it waits for a request to end)."""
         now = done.t
-        if not self.restore_ended(job.id, job.client, job.kept, done):
+        if not self.restore_ended(job.id, flight, job.kept, done):
             self._apply(self._policy.restore_failed(key, "no idle slot to restore into", now,
                                                     no_slot=True), now)
             return
-        flight.restored_tokens = job.kept  # what the file covered, as the keeper records it
         self._apply(self._policy.restored(key, job.prompt_tokens - job.kept, now), now)
 
     # ---- saves ----------------------------------------------------------------------------------

@@ -30,9 +30,6 @@ DEFAULT_RESTORE_MS_PER_MB = 2.0
 class KeptFile:
     """The file a request restored from in the log."""
 
-    restored: int
-    """The prompt tokens the file covered (the record's `restored_tokens`, as the keeper writes
-    it: with those the server held already)."""
     restore_ms: float
     name: str | None = None
 
@@ -67,7 +64,7 @@ def kept_files(records: Iterable[RecordLine], bytes_per_token: float) -> dict[st
             size = num(call, "kv_bytes") if call is not None else None
             took = (size or restored * bytes_per_token) * per_byte
         name = call.get("kv_file") if call is not None else record.get("kv_file")
-        out[rid] = KeptFile(restored, float(took), name if isinstance(name, str) else None)
+        out[rid] = KeptFile(float(took), name if isinstance(name, str) else None)
     return out
 
 

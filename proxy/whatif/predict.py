@@ -71,8 +71,8 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
 
 
-def settings_of(inputs: Inputs) -> tuple[Settings, Settings, dict[str, Any], list[str]]:
-    """(recorded, what-if, the recorded config mapping, notes)."""
+def settings_of(inputs: Inputs) -> tuple[Settings, Settings, list[str]]:
+    """(recorded, what-if, notes)."""
     found = server_log_settings(inputs.server_log) if inputs.server_log is not None else {}
     given = dict(parse_assignment(item) for item in inputs.recorded)
     values, notes = recorded_server(found, given)
@@ -87,13 +87,7 @@ def settings_of(inputs: Inputs) -> tuple[Settings, Settings, dict[str, Any], lis
         data = {**data, "prefill": {**(prefill if isinstance(prefill, dict) else {}),
                                     "n_batch": server.n_batch}}
     recorded = Settings(server, config_from(data))
-    return recorded, apply(recorded, inputs.sets, data), data, notes
-
-
-def server_tasks(inputs: Inputs) -> list[Task] | None:
-    if inputs.server_log is None:
-        return None
-    return rebuild_tasks(parse_server_log(inputs.server_log).events)
+    return recorded, apply(recorded, inputs.sets, data), notes
 
 
 def read_server_log(inputs: Inputs) -> tuple[list[Task] | None, dict[str, tuple[int, int]]]:
@@ -106,14 +100,12 @@ def read_server_log(inputs: Inputs) -> tuple[list[Task] | None, dict[str, tuple[
     return tasks, cut_sizes(tasks, inputs.records, seen_by_task(events, inputs.server_log))
 
 
-def calibrate(inputs: Inputs, server: ServerSettings,
-              tasks: Sequence[Task] | None = None) -> Calibration:
+def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | None) -> Calibration:
+    """`tasks`: the server log's (`read_server_log`), None without one."""
     spans = [record_to_span(r) for r in inputs.records
              if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
     prefills, decodes = observations(spans, server)
     steps: list[PrefillObs] = []
-    if tasks is None and inputs.server_log is not None:
-        tasks = server_tasks(inputs)
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
         prefills = task_prefill_obs(tasks, server) or prefills
@@ -141,7 +133,7 @@ def calibrate(inputs: Inputs, server: ServerSettings,
 
 def predict(inputs: Inputs) -> Prediction:
     began = time.perf_counter()
-    recorded, whatif, _, notes = settings_of(inputs)
+    recorded, whatif, notes = settings_of(inputs)
     tasks, cut = read_server_log(inputs)
     cal = calibrate(inputs, recorded.server, tasks)
     workload = reconciled(inputs.records, recorded, cal.costs,
@@ -172,8 +164,7 @@ MODELLED_TABLES = ("prefill", "lora", "keep_kv", "warm")
 def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     """What the what-if's settings ask for that the model does not do (yet)."""
     notes = []
-    # a request after a warm-up that restored shares the warm-up's file (the same object)
-    files, saves = len({id(f) for f in workload.files.values()}), len(workload.saves)
+    files, saves = len(workload.files), len(workload.saves)
     if whatif.config.keep_kv.enabled and (files or saves):
         notes.append(f"keep_kv: the {files} restores and {saves} saves the log shows go as "
                      "slotwise's policy decides them; a conversation the log shows no file of is "

@@ -89,8 +89,10 @@ class Replay:
         self._found: dict[str, int] = {}
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
+        self._piece_delay_s = costs.piece_ms / 2000.0
+        """slotwise's own time around a piece: half before it reaches the server, half after."""
         self.warming = Warming(cfg, self.server, self.policy, self.witness, self.loras, self._apply,
-                               self.clock.at, costs.piece_ms / 2000.0, self.keeping)
+                               self.clock.at, self._piece_delay_s, self.keeping)
         self.wakeups = Wakeups(self.clock, self.policy.next_wakeup,
                                lambda now: self._apply(self.policy.tick(now), now),
                                self.warming.next_wakeup)
@@ -215,7 +217,7 @@ class Replay:
         piece = Task(live.key, prompt, prompt, 1, batch_key(live.lora), explicit(live.lora))
         live.piece = piece
         self.witness.piece_started(live.flight, now)
-        self.clock.at(now + self.costs.piece_ms / 2000.0, lambda t: self.server.submit(piece, t)
+        self.clock.at(now + self._piece_delay_s, lambda t: self.server.submit(piece, t)
                  if live.piece is piece else None)
 
     def _piece_back(self, live: _Live, piece: Task, now: float) -> None:
@@ -225,9 +227,7 @@ class Replay:
         facts = live.flight.prefill
         facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
         facts.fed_tokens += piece.prompt_n
-        batch_ms = ((piece.tokens[0] - piece.t_start) * 1000.0
-                    if piece.tokens and piece.t_start is not None else 0.0)
-        self._apply(self.policy.piece_done(live.key, piece.prompt_n, batch_ms, now), now)
+        self._apply(self.policy.piece_done(live.key, piece.prompt_n, piece.prompt_ms, now), now)
 
     def _gone(self, live: _Live, now: float) -> None:
         if live.ended:
@@ -263,7 +263,7 @@ class Replay:
         now = happening.t
         if task is live.piece:
             if isinstance(happening, Finished):
-                self.clock.at(now + self.costs.piece_ms / 2000.0,
+                self.clock.at(now + self._piece_delay_s,
                          lambda t: self._piece_back(live, task, t))
             elif isinstance(happening, Failed):
                 live.piece = None

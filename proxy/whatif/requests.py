@@ -12,8 +12,8 @@ restored (keep_kv) extends the client's newest earlier request that long, the on
 conversation was saved; with none, the restored part was saved before the log (kept.py). A warm-up
 that restored a file (the warm-up queue's rule 10) restored it for its turn: its client's first
 request after it that found most of the file's tokens cached (one credited with the warm-up's work
-and not finding them ends the search). The turn counts them as restored, and the file is its own
-too (with warm-ups off in the what-if, the turn restores it). Pure.
+and not finding them ends the search). The turn counts them as restored, and may restore the file
+itself (with warm-ups off in the what-if: `Workload.file_of`). Pure.
 """
 
 from __future__ import annotations
@@ -125,13 +125,20 @@ class Workload:
     log's median prompt (they held a slot or a place in the queue all the same); those with no
     first token either are `starved`."""
     files: dict[str, KeptFile] = field(default_factory=dict)
-    """The kept file each request the log shows restored had, by its id (kept.py); a warm-up's
-    turn that found its file's tokens (`restored_by_warm_up`) has the warm-up's."""
+    """The kept file each request (or warm-up) the log shows restored had, by its id (kept.py)."""
     restored_by_warm_up: dict[str, str] = field(default_factory=dict)
     """Warm-up id → the id of its turn, for warm-ups the log shows restored a file whose turn
     found most of it cached."""
     saves: list[LoggedSave] = field(default_factory=list)
     """The saves of kept KV the log shows."""
+
+    def file_of(self, request_id: str) -> KeptFile | None:
+        """The kept file a request or warm-up may restore: its own in the log, or, for a warm-up's
+        turn, the warm-up's."""
+        if request_id in self.files:
+            return self.files[request_id]
+        warm = next((w for w, turn in self.restored_by_warm_up.items() if turn == request_id), None)
+        return self.files.get(warm) if warm is not None else None
 
 
 def build_workload(records: Iterable[RecordLine], return_gap_s: float = RETURN_GAP_S,
@@ -232,16 +239,14 @@ def _shape(record: RecordLine, typical: int) -> _Shape | None:
 
 def _restored_by_warm_up(shape: _Shape, warm: RecordLine, rid: str, work: Workload) -> _Shape:
     """A request after its client's warm-up that restored a file: if it found most of the
-    file's tokens cached, it is the warm-up's turn and those are its restored ones (its prompt
-    extends the saved conversation, not a sequence cached before the log), and the file is its
-    own when it has none; else `shape` itself."""
+    file's tokens cached, it is the warm-up's turn (`Workload.restored_by_warm_up`) and those are
+    its restored ones (its prompt extends the saved conversation, not a sequence cached before the
+    log); else `shape` itself."""
     covered = int(num(warm, "restored_tokens") or 0)  # the keeper's record: what the file covered
     if covered <= 0 or shape.cache < MOST * covered:
         return shape
     spared = min(covered, shape.cache)
-    wid = str(warm.get("id"))
-    work.files.setdefault(rid, work.files[wid])
-    work.restored_by_warm_up[wid] = rid
+    work.restored_by_warm_up[str(warm.get("id"))] = rid
     return dataclasses.replace(shape, cache=shape.cache - spared, restored=shape.restored + spared)
 
 

@@ -180,13 +180,11 @@ def _put(data: dict[str, Any], table: str, key: str, value: Any) -> None:
 
 
 def _defaults_for_what_if(data: dict[str, Any]) -> None:
-    """keep_kv needs the directory llama-server saves into; the model saves nowhere, so any
-    directory will do when the one named is not on this machine (or none is)."""
+    """keep_kv needs the directory llama-server saves into; the model saves nowhere, so the
+    working directory stands in for the one named (which need not be on this machine)."""
     keep = data.get("keep_kv")
     if isinstance(keep, dict) and keep.get("enabled") is True:
-        directory = keep.get("dir")
-        if not isinstance(directory, str) or not directory or not Path(directory).is_dir():
-            keep["dir"] = "."
+        keep["dir"] = "."
 
 
 def _copy(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,14 @@ class Task:
     def prompt_n(self) -> int:
         return self.prompt.length - self.cache_n
 
+    @property
+    def prompt_ms(self) -> float:
+        """From its start to its first token (0 before either): the server's `prompt_ms`, and a
+        piece's batch."""
+        if not self.tokens or self.t_start is None:
+            return 0.0
+        return (self.tokens[0] - self.t_start) * 1000.0
+
 
 @dataclass(eq=False)
 class Slot:

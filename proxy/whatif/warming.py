@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from proxy.config import Config
 from proxy.record.flight import Flight
 from proxy.request.errors import TooManyWarmUps, WarmOff
-from proxy.warm.queue import MIN_TOKENS, WarmQueue
+from proxy.warm.queue import WarmQueue
 from proxy.warm.record import warm_flight
 from proxy.warm.values import (
     CancelWarmPiece,
@@ -71,7 +71,6 @@ class Warming:
         self._restores: dict[str, _Warm] = {}
         """Warm-ups whose restore of a kept file is on the main loop, by id (also one that ended
         meanwhile)."""
-        self._in_flight = 0
 
     @property
     def active(self) -> bool:
@@ -93,7 +92,7 @@ class Warming:
             cached = min(len(ids), self._server.common(job.prefix))
             restorable = self._keeping.spare(job.id, job.kept, cached, len(ids))
             warm = WarmUp(id=job.id, client=job.client, ids=ids, submitted=now, cached=cached,
-                          restorable=restorable if restorable >= MIN_TOKENS else 0)
+                          restorable=restorable)
             decisions = self.queue.submit(warm, self._knobs, now)
         except WarmRefused as exc:
             self._witness.warm_refused(flight, TooManyWarmUps(str(exc)), now)
@@ -162,7 +161,7 @@ class Warming:
         if isinstance(happening, Finished):
             self._at(now + self._delay, lambda t: self._piece_back(warm, task, t))
         elif isinstance(happening, Failed):
-            self._piece_over(warm)
+            warm.piece = None
             self._decided(self.queue.on_piece_failed(warm.job.id, happening.error, now), now)
             self._resume(warm, now)
 
@@ -174,14 +173,12 @@ class Warming:
         """Its restore ended (`restoring`): the queue goes on after what the file held, or
         computes it all when no slot was idle to take it."""
         warm, now = self._restores.pop(done.work.key), done.t
-        self._in_flight -= 1
         job = warm.job
-        into_slot = self._keeping.restore_ended(job.id, job.client, job.kept, done)
+        into_slot = self._keeping.restore_ended(job.id, warm.flight, job.kept, done)
         if job.id in self._warms:  # not ended meanwhile (cancelled: the restore ran all the same)
             if not into_slot:
                 self._decided(self.queue.on_restore_failed(job.id, now), now)
             else:
-                warm.flight.restored_tokens = job.kept  # what the file covered, as the keeper says
                 self._decided(self.queue.on_restored(job.id, self._server.common(job.prefix), now),
                               now)
         self._resume(warm, now)
@@ -198,11 +195,10 @@ class Warming:
                 self._feed(warm, decision.upto, now)
             elif isinstance(decision, CancelWarmPiece) and warm.piece is not None:
                 self._server.cancel(warm.piece, now)
-                self._piece_over(warm)
+                warm.piece = None
                 self._resume(warm, now)
             elif isinstance(decision, RestoreKept):  # in flight like a piece until it ends
                 self._restores[warm.job.id] = warm
-                self._in_flight += 1
                 self._keeping.restore(warm.job.id, warm.job.id, warm.job.prefix, warm.job.kept, now)
             elif isinstance(decision, Ended):
                 self._end(warm, now)
@@ -214,27 +210,20 @@ class Warming:
         prompt = warm.job.prefix.prefix(upto)
         piece = Task(warm.job.id, prompt, prompt, 1, batch_key(warm.lora), explicit(warm.lora))
         warm.piece = piece
-        self._in_flight += 1
         self._at(now + self._delay, lambda t: self._server.submit(piece, t)
                  if warm.piece is piece else None)
 
     def _piece_back(self, warm: _Warm, piece: Task, now: float) -> None:
         if warm.piece is not piece:
             return
-        self._piece_over(warm)
+        warm.piece = None
         warm.flight.timer.prefill_done = now
-        batch_ms = ((piece.tokens[0] - piece.t_start) * 1000.0
-                    if piece.tokens and piece.t_start is not None else 0.0)
+        batch_ms = piece.prompt_ms
         self._policy.warm_piece_done(piece.prompt_n, piece.cache_n, batch_ms)
         self._decided(self.queue.on_piece_done(warm.job.id, piece.prompt_n, batch_ms,
                                                self._knobs, now), now)
         self._resume(warm, now)
         self._sync(now)
-
-    def _piece_over(self, warm: _Warm) -> None:
-        if warm.piece is not None:
-            warm.piece = None
-            self._in_flight -= 1
 
     def _resume(self, warm: _Warm, now: float) -> None:
         waiting, warm.waiting = warm.waiting, []
@@ -242,13 +231,14 @@ class Warming:
             resume(now)
 
     def _sync(self, now: float) -> None:
-        """Tell the policy how many pieces are in flight."""
-        self._apply_policy(self._policy.warm_pieces(self._in_flight, now), now)
+        """Tell the policy how many pieces (and restores, in flight like one) are in flight."""
+        in_flight = len(self._restores) + sum(w.piece is not None for w in self._warms.values())
+        self._apply_policy(self._policy.warm_pieces(in_flight, now), now)
 
     def _end(self, warm: _Warm, now: float) -> None:
         if warm.piece is not None:  # ended with its piece cancelled (rule 9)
             self._server.cancel(warm.piece, now)
-            self._piece_over(warm)
+            warm.piece = None
         self._warms.pop(warm.job.id, None)
         ended = self.queue.warmups.get(warm.job.id)
         if ended is not None:  # the queue keeps an ended warm-up a while (its rule 8)
