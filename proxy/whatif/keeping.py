@@ -46,7 +46,8 @@ class Keeping:
     # ---- restores -------------------------------------------------------------------------------
 
     def restorable(self, job: Job, cached: int) -> Restorable | None:
-        """The file the log shows this request restored, if it would spare enough now."""
+        """The file this request may restore (its own in the log, or its warm-up's:
+        `Workload.file_of`), if it would spare enough now."""
         file = self._work.file_of(job.id)
         spare = self.spare(job.id, job.kept, cached, job.prompt_tokens)
         if file is None or not spare:
