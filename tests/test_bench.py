@@ -1,16 +1,21 @@
-"""The benchmarks' own parts: when the contention benchmark's short turns arrive, and what the
-pieces benchmark measures on a real server."""
+"""The benchmarks' own parts: when the contention benchmark's short turns arrive, the timing log it
+keeps of a direct path (what `slotwise whatif` reads), and what the pieces benchmark measures on a
+real server."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from rich.table import Table
 
-from proxy.bench.contention import Scenario
+from proxy.bench.contention import Scenario, play
 from proxy.bench.contention_cli import ranges_table
 from proxy.bench.pieces import measure
+from proxy.report.records import load_timing_log
+from proxy.whatif.check import Kind, counted
+from proxy.whatif.predict import Inputs, predict
 from tests.conftest import StartLlamaServer
 
 
@@ -42,6 +47,29 @@ def test_an_unknown_set_up_is_refused_by_name_before_anything_runs(
     assert main(["bench", "contention", "--setups", "np4,np9"]) == 2
     err = capsys.readouterr().err
     assert "unknown set-up np9" in err and "recommended" in err and "set-up np4" not in err
+
+
+def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
+        start_llama_server: StartLlamaServer, tmp_path: Path) -> None:
+    """Every request of a direct path gets one record, named as on every other path (so a what-if
+    of one path can be checked against another), with the sizes the server said."""
+    server = start_llama_server(lora=False, args=["-np", "3", "-c", "4096"])
+    sc = Scenario(streams=1, stream_tokens=24, cold_words=240, lead_s=0.3, shorts=2,
+                  short_every_s=0.3)
+    run = asyncio.run(play(server.url, sc, "direct", cold_seed=5))
+    path = tmp_path / "client-direct.jsonl"
+    path.write_bytes(run.client_log())
+    records = list(load_timing_log(str(path)).records)
+    by_id = {r["id"]: r for r in records}
+    assert sorted(by_id) == ["cold", "short-0", "short-1", "user0-0"]
+    assert [by_id[i]["client"] for i in ("cold", "short-0", "user0-0")] == \
+        ["returning", "short-0", "user0"]
+    cold = by_id["cold"]
+    assert cold["prompt_tokens"] == cold["computed_tokens"] > 300 and cold["ttft_ms"] > 0
+    assert by_id["user0-0"]["events"] == 24
+    assert counted(records, cold_tokens=300)["cold"] is Kind.COLD
+    again = predict(Inputs(records, server_log=server.log_path.read_text().splitlines(), sets=("n_batch=512",)))
+    assert sorted(r.id for r in again.outcome.records) == sorted(by_id)
 
 
 def test_each_piece_computes_only_its_own_tokens_on_top_of_the_cached_prefix(

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.bench import day_talk as talk
+from proxy.bench.calls import Call, client_record, client_records
 from proxy.bench.day import (
     DAY_SETUPS,
     DEFAULT_PATHS,
@@ -33,10 +34,7 @@ from proxy.bench.day import (
 from proxy.bench.day_cli import _names, _scale, describe, run_day
 from proxy.bench.day_records import (
     Alone,
-    Call,
     alone_body,
-    client_record,
-    client_records,
     cold_calls,
     day_figures,
     slot_wait,

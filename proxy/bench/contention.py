@@ -3,6 +3,11 @@ small model. Three streams generate; a cold prompt of several thousand tokens ar
 arrive meanwhile. Paths: direct (default batch), direct with `-b 512`, slotwise `defer`, `chunk`.
 Baselines (streams alone, short turns without the cold prompt, the cold prompt alone) per server
 setting; every phase runs on a freshly started llama-server.
+
+Every request carries its id and client (`cold`, `short-3`, `user1-4`: the same on every path), and
+each direct path's calls are kept as timing records in slotwise's format (`client-<path>.jsonl`,
+beside each phase's llama-server log), so that `slotwise whatif` can predict one path from
+another's log and `--check` it against the path measured (docs/whatif.md).
 """
 
 from __future__ import annotations
@@ -10,14 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
+from proxy.bench.calls import Call, client_records
 from proxy.bench.harness import StreamResult, timed_stream
+from proxy.request.headers import CLIENT_HEADER, REQUEST_ID_HEADER
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
 from proxy.testbed.slotwise import SlotwiseProcess
@@ -74,6 +83,15 @@ class Run:
     started: float
     ended: float
     records: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    """Every request as its client saw it, with its id and client."""
+    wall_offset: float = 0.0
+    """Unix time less the client's monotonic clock (for the records' `start`)."""
+
+    def client_log(self) -> bytes:
+        """The calls as timing records (JSON lines), as `bench day` writes a direct path's."""
+        return b"".join(orjson.dumps(r) + b"\n" for r in client_records(self.calls,
+                                                                          self.wall_offset))
 
     def window(self) -> tuple[float, float] | None:
         """While the cold prompt was in the system: its arrival to its first token."""
@@ -107,24 +125,47 @@ async def _later(delay: float, make: Callable[[], Awaitable[StreamResult]]) -> S
     return await make()
 
 
+@dataclass
+class _Client:
+    """Sends the scenario's requests, each with its id and client in its headers (slotwise's
+    record keeps both), with the server's timings read from the stream, and keeps each one."""
+
+    session: aiohttp.ClientSession
+    url: str
+    calls: list[Call] = field(default_factory=list)
+
+    async def send(self, who: str, request_id: str, body: dict[str, Any]) -> StreamResult:
+        result = StreamResult(sent=time.monotonic())
+        try:
+            return await timed_stream(self.session, self.url, body, detail=True, into=result,
+                                      headers={CLIENT_HEADER: who, REQUEST_ID_HEADER: request_id})
+        finally:
+            self.calls.append(Call(request_id, who, "chat", "chat", None, result))
+
+    def stream(self, who: str, request_id: str, body: dict[str, Any]
+               ) -> Callable[[], Awaitable[StreamResult]]:
+        return lambda: self.send(who, request_id, body)
+
+
 async def play(url: str, sc: Scenario, tag: str, *, cold_seed: int | None,
                with_streams: bool = True) -> Run:
     """One scenario against `url`: the streams, the cold prompt (unless None), the short turns."""
     connector = aiohttp.TCPConnector(force_close=True, limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        def stream(body: dict[str, Any]) -> Callable[[], Awaitable[StreamResult]]:
-            return lambda: timed_stream(session, url, body)
+        client = _Client(session, url)
         loop = asyncio.get_running_loop()
         started = loop.time()
         stop = asyncio.Event()
-        users = [asyncio.create_task(_user(session, url, sc, f"{tag} stream {i}", 0.05 * i, stop))
+        users = [asyncio.create_task(_user(client, sc, f"user{i}", f"{tag} stream {i}", 0.05 * i,
+                                           stop))
                  for i in range(sc.streams if with_streams else 0)]
         lead = sc.lead_s if with_streams else 0.0
-        cold = (asyncio.create_task(_later(lead, stream(_chat(history(sc.cold_words, cold_seed),
-                                                                    8))))
+        cold = (asyncio.create_task(_later(lead, client.stream(
+                    "returning", "cold", _chat(history(sc.cold_words, cold_seed), 8))))
                 if cold_seed is not None else None)
-        shorts = [asyncio.create_task(_later(lead + offset, stream(_chat(_short(tag, i), 4))))
+        shorts = [asyncio.create_task(_later(lead + offset, client.stream(
+                      f"short-{i}", f"short-{i}", _chat(_short(tag, i), 4))))
                   for i, offset in enumerate(sc.short_offsets() if with_streams else [])]
         if cold is not None:
             done_cold: StreamResult | None = await cold
@@ -134,19 +175,21 @@ async def play(url: str, sc: Scenario, tag: str, *, cold_seed: int | None,
         stop.set()  # chatting users end their current turn and stop
         done_streams = [turn for turns in await asyncio.gather(*users) for turn in turns]
         done_shorts = list(await asyncio.gather(*shorts))
-        return Run(done_streams, done_shorts, done_cold, started, loop.time())
+        return Run(done_streams, done_shorts, done_cold, started, loop.time(),
+                   calls=client.calls, wall_offset=time.time() - time.monotonic())
 
 
-async def _user(session: aiohttp.ClientSession, url: str, sc: Scenario, who: str, delay: float,
+async def _user(client: _Client, sc: Scenario, who: str, text: str, delay: float,
                 stop: asyncio.Event) -> list[StreamResult]:
     """One generating user: one long stream, or (`chat_turns`) turns with pauses until `stop`."""
     await asyncio.sleep(delay)
-    body = _chat([{"role": "user", "content": f"{who}: tell me a long story."}], sc.stream_tokens)
+    body = _chat([{"role": "user", "content": f"{text}: tell me a long story."}], sc.stream_tokens)
     if not sc.chat_turns:
-        return [await timed_stream(session, url, body)]
-    rng, turns = random.Random(who), []
+        return [await client.send(who, f"{who}-0", body)]
+    rng = random.Random(who)  # the same pauses on every path
+    turns: list[StreamResult] = []
     while not stop.is_set():
-        turns.append(await timed_stream(session, url, body))
+        turns.append(await client.send(who, f"{who}-{len(turns)}", body))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), rng.uniform(*sc.pause_s))
     return turns
@@ -261,4 +304,5 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
                 else:
                     label = "direct -b 512" if path == "b512" else "direct"
                     runs[label] = asyncio.run(play(server.url, sc, path, cold_seed=seed))
+                    (work / f"client-{path}.jsonl").write_bytes(runs[label].client_log())
     return runs, bases

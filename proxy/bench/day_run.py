@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from proxy.bench import day_talk as talk
+from proxy.bench.calls import Call, client_records
 from proxy.bench.day import (
     PURPOSE,
     THROUGH_SLOTWISE,
@@ -32,9 +33,7 @@ from proxy.bench.day import (
 )
 from proxy.bench.day_records import (
     Alone,
-    Call,
     alone_body,
-    client_records,
     cold_calls,
     day_figures,
 )
