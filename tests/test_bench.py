@@ -68,7 +68,8 @@ def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
     assert cold["prompt_tokens"] == cold["computed_tokens"] > 300 and cold["ttft_ms"] > 0
     assert by_id["user0-0"]["events"] == 24
     assert counted(records, cold_tokens=300)["cold"] is Kind.COLD
-    again = predict(Inputs(records, server_log=server.log_path.read_text().splitlines(), sets=("n_batch=512",)))
+    lines = server.log_path.read_text().splitlines()
+    again = predict(Inputs(records, server_log=lines, sets=("n_batch=512",)))
     assert sorted(r.id for r in again.outcome.records) == sorted(by_id)
 
 

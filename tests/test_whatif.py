@@ -17,7 +17,7 @@ from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
 from proxy.testbed.model import ModelFiles
-from proxy.whatif.calibrate import DecodeObs, fit
+from proxy.whatif.calibrate import DecodeObs, fit, prompt_obs
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
@@ -31,7 +31,7 @@ from proxy.whatif.settings import (
     apply,
     server_log_settings,
 )
-from proxy.whatif.stepcost import PromptRun, batch_ms
+from proxy.whatif.stepcost import PromptRun, batch_ms, prompt_alone_ms
 from proxy.whatif.synth import day, field_scene, loaded, record
 
 DATA = Path(__file__).parent / "data"
@@ -209,6 +209,32 @@ class TestCalibration:
         assert pinned.costs.origin("decode_per_kctx_ms") == "log"
         assert 0 < pinned.costs.decode_per_kctx_ms < free.costs.decode_per_kctx_ms
         assert not any(n.startswith("decode.step_ms") for n in pinned.notes)
+
+    def test_the_other_slots_cells_cost_a_prompt_token_at_most_what_its_own_context_does(
+            self) -> None:
+        """The steps of a 16,942-token prompt alone, and short prompts slowed to 2.3 ms a token
+        (by more than the few hundred cells others held) on one shared KV: as on a `bench
+        contention --scenario field` day, where an unbounded fit read 2.9 ms a token per 1,000
+        other cells against 0.52 for its own context and put the long prompt 51 % late."""
+        kvu = ServerSettings(parallel=4, kv_unified=True, n_batch=2048, n_ubatch=512)
+        steps = [prompt_obs(2048, ctx, ms, 0.0, kvu) for ctx, ms in
+                 ((4096, 5730.0), (6144, 7977.0), (8192, 9342.0), (10240, 11649.0),
+                  (12288, 14810.0), (14336, 16669.0))]
+        shorts = [prompt_obs(tokens, ctx, ms, decoders, kvu, dec_kctx=dec, others_kv=others)
+                  for tokens, ctx, ms, decoders, dec, others in (  # as that day's log gave them
+                      (42, 0, 37.71, 0, 0.0, 0.0), (42, 0, 37.34, 1, 0.0435, 0.0451),
+                      (42, 0, 38.19, 2, 0.0906, 0.0939), (43, 1, 98.5, 3, 0.3968, 0.4027),
+                      (33, 11, 77.71, 3, 0.4146, 0.4193), (33, 11, 76.47, 3, 0.4301, 0.4347),
+                      (33, 11, 73.9, 3, 0.4456, 0.4501), (33, 11, 74.7, 3, 0.4609, 0.4654),
+                      (33, 11, 73.66, 3, 0.4761, 0.4806), (33, 11, 82.16, 3, 0.4912, 0.4962),
+                      (33, 11, 70.82, 3, 0.5073, 0.5116))]
+        costs = fit([*steps, *shorts], [], n_ubatch=512).costs
+        assert 0 < costs.per_token_per_kv_ms <= costs.per_token_per_kctx_ms
+        alone = prompt_alone_ms(costs, 16_942, 0, n_batch=2048, n_ubatch=512, unified=True)
+        beside = sum(batch_ms(costs, (), [PromptRun(min(2048, 16_942 - done), done, 1000)],
+                              n_ubatch=512, unified=True) for done in range(0, 16_942, 2048))
+        assert alone == pytest.approx(77_256.0, rel=0.1)  # measured with three slots idle
+        assert beside <= 1.15 * alone
 
     def test_what_the_log_cannot_tell_is_said(self) -> None:
         bare = loaded(field_scene())  # no times at all
