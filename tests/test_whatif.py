@@ -540,6 +540,18 @@ class TestCommandLine:
         assert rows["stream_gap_s"].predicted == pytest.approx(0.8)  # c2's window left out
         assert [c.beside[1] is None for c in cold_requests(predicted, measured)] == [False, True]
 
+    def test_a_token_at_the_edge_of_a_cold_window_is_not_a_stream_beside_it(self) -> None:
+        """A stream whose next turn's first token came 0.1 ms before the cold request's own (the
+        whole turn waited for the cold prompt, a `bench contention --scenario field` day) was not
+        generating beside it: 1 event in 0.1 ms once read as 10,000 tokens a second."""
+        cold = {**record("c", 1.0, "c", 17_000, 0, 8), "ttft_ms": 77_000.0}
+        edge = {**record("s", 1.5, "s", 42, 0, 300), "ttft_ms": 76_500.0, "gap_max_ms": 1600.0,
+                "overlaps": [{"id": "c", "computed_tokens": 17_000, "decode_events": 1,
+                              "decode_ms": 0.1}]}
+        got = figures(loaded([cold, edge]))
+        assert got["stream_rate"] is None and got["stream_gap_s"] is None
+        assert got["cold_ttft_s"] == pytest.approx(77.0)
+
     def test_the_short_turns_late_in_either_log_are_shown_side_by_side(self) -> None:
         """The p90 rests on a few late turns: one late only in the model shows beside its real
         first token."""
