@@ -12,6 +12,8 @@ from rich.table import Table
 
 from proxy.bench.contention import Scenario, play
 from proxy.bench.contention_cli import ranges_table
+from proxy.bench.kv import LAYOUTS
+from proxy.bench.kv import measure as kv_measure
 from proxy.bench.pieces import measure
 from proxy.report.records import load_timing_log
 from proxy.whatif.check import Kind, counted
@@ -71,6 +73,24 @@ def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
     lines = server.log_path.read_text().splitlines()
     again = predict(Inputs(records, server_log=lines, sets=("n_batch=512",)))
     assert sorted(r.id for r in again.outcome.records) == sorted(by_id)
+
+
+def test_the_kv_benchmark_times_the_streams_before_and_after_a_long_prompt(
+        start_llama_server: StartLlamaServer) -> None:
+    server = start_llama_server(lora=False, args=list(LAYOUTS["shared"]))
+    figures = asyncio.run(kv_measure(server.url, long_words=120, stream_tokens=16, rounds=2,
+                                     layout="shared"))
+    assert len(figures.before_ms) == 2 and figures.before > 0
+    assert 400 < figures.long_tokens < 1000 and figures.long_ms > 0  # one prompt, computed whole
+    assert min(figures.held_ms, figures.slot_erased_ms, figures.all_erased_ms) > 0
+    assert figures.after_x == pytest.approx(figures.all_erased_ms / figures.before)
+
+
+def test_an_unknown_kv_layout_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli.main import main
+
+    assert main(["bench", "kv", "--layouts", "shared,split"]) == 2
+    assert "unknown layout split" in capsys.readouterr().err
 
 
 def test_each_piece_computes_only_its_own_tokens_on_top_of_the_cached_prefix(

@@ -13,6 +13,7 @@ from proxy.bench.cluster import add_cluster
 from proxy.bench.contention_cli import add_contention
 from proxy.bench.day_cli import add_day
 from proxy.bench.keep import add_keep
+from proxy.bench.kv import add_kv
 from proxy.bench.output import figures_table, show
 from proxy.bench.pieces_cli import add_pieces
 from proxy.bench.soak_cli import add_soak
@@ -47,6 +48,7 @@ def register(subparsers: Any) -> None:
     add_warm(commands)
     add_keep(commands)
     add_day(commands)
+    add_kv(commands)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
