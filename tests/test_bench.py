@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from rich.table import Table
 
+from proxy.bench.calls import client_log
 from proxy.bench.contention import Scenario, play
 from proxy.bench.contention_cli import ranges_table
 from proxy.bench.kv import LAYOUTS
 from proxy.bench.kv import measure as kv_measure
 from proxy.bench.pieces import measure
 from proxy.report.records import load_timing_log
-from proxy.whatif.check import Kind, counted
+from proxy.whatif.check import SHORT_TOKENS, Kind, counted
 from proxy.whatif.predict import Inputs, predict
 from tests.conftest import StartLlamaServer
 
@@ -60,16 +61,16 @@ def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
                   short_every_s=0.3)
     run = asyncio.run(play(server.url, sc, "direct", cold_seed=5))
     path = tmp_path / "client-direct.jsonl"
-    path.write_bytes(run.client_log())
+    path.write_bytes(client_log(run.calls, run.wall_offset))
     records = list(load_timing_log(str(path)).records)
+    assert sorted(r["id"] for r in records) == ["cold", "short-0", "short-1", "user0-0"]
     by_id = {r["id"]: r for r in records}
-    assert sorted(by_id) == ["cold", "short-0", "short-1", "user0-0"]
     assert [by_id[i]["client"] for i in ("cold", "short-0", "user0-0")] == \
         ["returning", "short-0", "user0"]
     cold = by_id["cold"]
-    assert cold["prompt_tokens"] == cold["computed_tokens"] > 300 and cold["ttft_ms"] > 0
-    assert by_id["user0-0"]["events"] == 24
-    assert counted(records, cold_tokens=300)["cold"] is Kind.COLD
+    assert cold["prompt_tokens"] == cold["computed_tokens"] >= SHORT_TOKENS
+    assert cold["ttft_ms"] > 0 and by_id["user0-0"]["events"] == 24
+    assert counted(records, cold_tokens=SHORT_TOKENS)["cold"] is Kind.COLD
     lines = server.log_path.read_text().splitlines()
     again = predict(Inputs(records, server_log=lines, sets=("n_batch=512",)))
     assert sorted(r.id for r in again.outcome.records) == sorted(by_id)
@@ -83,7 +84,6 @@ def test_the_kv_benchmark_times_the_streams_before_and_after_a_long_prompt(
     assert len(figures.before_ms) == 2 and figures.before > 0
     assert 400 < figures.long_tokens < 1000 and figures.long_ms > 0  # one prompt, computed whole
     assert min(figures.held_ms, figures.slot_erased_ms, figures.all_erased_ms) > 0
-    assert figures.after_x == pytest.approx(figures.all_erased_ms / figures.before)
 
 
 def test_an_unknown_kv_layout_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:

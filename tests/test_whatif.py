@@ -17,7 +17,7 @@ from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
 from proxy.testbed.model import ModelFiles
-from proxy.whatif.calibrate import DecodeObs, fit, prompt_obs
+from proxy.whatif.calibrate import TILE_ROWS, DecodeObs, fit, prompt_obs
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
@@ -215,7 +215,9 @@ class TestCalibration:
         """The steps of a 16,942-token prompt alone, and short prompts slowed to 2.3 ms a token
         (by more than the few hundred cells others held) on one shared KV: as on a `bench
         contention --scenario field` day, where an unbounded fit read 2.9 ms a token per 1,000
-        other cells against 0.52 for its own context and put the long prompt 51 % late."""
+        other cells against 0.52 for its own context and put the long prompt 51 % late; bounded
+        on those alone, it read 76 ms per 1,000 decoding cells and priced every batch with
+        streams beside it far too high."""
         kvu = ServerSettings(parallel=4, kv_unified=True, n_batch=2048, n_ubatch=512)
         steps = [prompt_obs(2048, ctx, ms, 0.0, kvu) for ctx, ms in
                  ((4096, 5730.0), (6144, 7977.0), (8192, 9342.0), (10240, 11649.0),
@@ -230,6 +232,11 @@ class TestCalibration:
                       (33, 11, 70.82, 3, 0.5073, 0.5116))]
         costs = fit([*steps, *shorts], [], n_ubatch=512).costs
         assert 0 < costs.per_token_per_kv_ms <= costs.per_token_per_kctx_ms
+        assert costs.per_decoder_kctx_ms <= TILE_ROWS * costs.per_token_per_kctx_ms
+        # a short turn beside the three streams, as that day measured it (74 ms)
+        short = batch_ms(costs, [150, 150, 150], [PromptRun(33, 11, 450)], n_ubatch=512,
+                         unified=True)
+        assert short == pytest.approx(74.0, rel=0.35)
         alone = prompt_alone_ms(costs, 16_942, 0, n_batch=2048, n_ubatch=512, unified=True)
         beside = sum(batch_ms(costs, (), [PromptRun(min(2048, 16_942 - done), done, 1000)],
                               n_ubatch=512, unified=True) for done in range(0, 16_942, 2048))
@@ -551,6 +558,10 @@ class TestCommandLine:
         got = figures(loaded([cold, edge]))
         assert got["stream_rate"] is None and got["stream_gap_s"] is None
         assert got["cold_ttft_s"] == pytest.approx(77.0)
+        # beside another stream that decoded 0.3 s in it, the two are pooled
+        both = figures(loaded([cold, edge, {**edge, "id": "t", "client": "t", "overlaps": [
+            {"id": "c", "computed_tokens": 17_000, "decode_events": 2, "decode_ms": 300.0}]}]))
+        assert both["stream_rate"] == pytest.approx(3 / 0.3001)
 
     def test_the_short_turns_late_in_either_log_are_shown_side_by_side(self) -> None:
         """The p90 rests on a few late turns: one late only in the model shows beside its real

@@ -1,6 +1,7 @@
-"""A request as its client timed it (`Call`), and the timing records in slotwise's own format made
-from such calls, for the paths that go to llama-server directly (`bench day`, `bench contention`), so
-that `slotwise report` and `slotwise whatif` read every path alike. Pure.
+"""A request as its client timed it (`Call`), sent and kept the one way `bench day` and `bench
+contention` both send theirs (`timed_call`, the only I/O here), and the timing records in slotwise's
+own format made from such calls for the paths that go to llama-server directly (`client_log`), so
+that `slotwise report` and `slotwise whatif` read every path alike.
 
 A direct request's record follows docs/record.md from the client's side: its prefill starts the
 server's `prompt_ms` before its first token (what its wait excludes, as in the field report), so
@@ -11,13 +12,18 @@ slotwise's registry).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.bench.harness import StreamResult
+import aiohttp
+import orjson
+
+from proxy.bench.harness import StreamResult, timed_stream
 from proxy.record.schema import decode_inside
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -77,6 +83,31 @@ class Call:
         if self.cut:
             return "client_gone"
         return "done" if self.ok else "upstream_error"
+
+
+async def timed_call(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                     headers: Mapping[str, str], calls: list[Call], *, request_id: str, who: str,
+                     act: str, purpose: str) -> Call:
+    """One streaming chat request, kept in `calls` whatever happens: a failed one with what it saw
+    before it failed, a cancelled one (the run ended while it ran: its client left) as cut."""
+    result, cut = StreamResult(sent=time.monotonic()), False
+    try:
+        await timed_stream(http, url, body, detail=True, headers=headers, into=result)
+    except (aiohttp.ClientError, TimeoutError):
+        pass  # a failed call: what it saw before it failed
+    except asyncio.CancelledError:
+        cut = True  # its first token and gaps so far still count
+        raise
+    finally:
+        result.ended = time.monotonic() if result.ended is None else result.ended
+        call = Call(request_id, who, act, purpose, body.get("lora"), result, cut=cut, body=body)
+        calls.append(call)
+    return call
+
+
+def client_log(calls: Sequence[Call], wall_offset: float) -> bytes:
+    """The calls as timing records, JSON lines (`client_records`)."""
+    return b"".join(orjson.dumps(r) + b"\n" for r in client_records(calls, wall_offset))
 
 
 def client_records(calls: Sequence[Call], wall_offset: float) -> list[dict[str, Any]]:

@@ -4,10 +4,8 @@ arrive meanwhile. Paths: direct (default batch), direct with `-b 512`, slotwise 
 Baselines (streams alone, short turns without the cold prompt, the cold prompt alone) per server
 setting; every phase runs on a freshly started llama-server.
 
-Every request carries its id and client (`cold`, `short-3`, `user1-4`: the same on every path), and
-each direct path's calls are kept as timing records in slotwise's format (`client-<path>.jsonl`,
-beside each phase's llama-server log), so that `slotwise whatif` can predict one path from
-another's log and `--check` it against the path measured (docs/whatif.md).
+Every request is named as on every path (`cold`, `short-3`, `user1-4`); each direct path's calls
+are kept as timing records (`client-<path>.jsonl`), for `slotwise whatif` (docs/whatif.md).
 """
 
 from __future__ import annotations
@@ -22,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
-from proxy.bench.calls import Call, client_records
-from proxy.bench.harness import StreamResult, timed_stream
+from proxy.bench.calls import Call, client_log, timed_call
+from proxy.bench.harness import StreamResult
 from proxy.request.headers import CLIENT_HEADER, REQUEST_ID_HEADER
 from proxy.testbed.model import write_model
 from proxy.testbed.server import LlamaServer
@@ -88,11 +85,6 @@ class Run:
     wall_offset: float = 0.0
     """Unix time less the client's monotonic clock (for the records' `start`)."""
 
-    def client_log(self) -> bytes:
-        """The calls as timing records (JSON lines), as `bench day` writes a direct path's."""
-        return b"".join(orjson.dumps(r) + b"\n" for r in client_records(self.calls,
-                                                                          self.wall_offset))
-
     def window(self) -> tuple[float, float] | None:
         """While the cold prompt was in the system: its arrival to its first token."""
         if self.cold is None or not self.cold.tokens:
@@ -127,20 +119,20 @@ async def _later(delay: float, make: Callable[[], Awaitable[StreamResult]]) -> S
 
 @dataclass
 class _Client:
-    """Sends the scenario's requests, each with its id and client in its headers (slotwise's
-    record keeps both), with the server's timings read from the stream, and keeps each one."""
+    """Sends the scenario's requests, named in their headers, and keeps each one (`timed_call`)."""
 
     session: aiohttp.ClientSession
     url: str
     calls: list[Call] = field(default_factory=list)
 
     async def send(self, who: str, request_id: str, body: dict[str, Any]) -> StreamResult:
-        result = StreamResult(sent=time.monotonic())
-        try:
-            return await timed_stream(self.session, self.url, body, detail=True, into=result,
-                                      headers={CLIENT_HEADER: who, REQUEST_ID_HEADER: request_id})
-        finally:
-            self.calls.append(Call(request_id, who, "chat", "chat", None, result))
+        call = await timed_call(self.session, self.url, body,
+                                {CLIENT_HEADER: who, REQUEST_ID_HEADER: request_id}, self.calls,
+                                request_id=request_id, who=who, act="chat", purpose="chat")
+        if not call.ok:
+            raise RuntimeError(f"{request_id} failed (HTTP {call.result.status or 'none'}): "
+                               f"the run's figures would be of fewer requests")
+        return call.result
 
     def stream(self, who: str, request_id: str, body: dict[str, Any]
                ) -> Callable[[], Awaitable[StreamResult]]:
@@ -304,5 +296,7 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
                 else:
                     label = "direct -b 512" if path == "b512" else "direct"
                     runs[label] = asyncio.run(play(server.url, sc, path, cold_seed=seed))
-                    (work / f"client-{path}.jsonl").write_bytes(runs[label].client_log())
+                    run = runs[label]
+                    (work / f"client-{path}.jsonl").write_bytes(client_log(run.calls,
+                                                                           run.wall_offset))
     return runs, bases

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
 from proxy.bench import day_talk as talk
-from proxy.bench.calls import Call, client_records
+from proxy.bench.calls import Call, client_log, timed_call
 from proxy.bench.day import (
     PURPOSE,
     THROUGH_SLOTWISE,
@@ -38,7 +37,7 @@ from proxy.bench.day_records import (
     day_figures,
 )
 from proxy.bench.day_tables import report_tables
-from proxy.bench.harness import StreamResult, timed_stream
+from proxy.bench.harness import timed_stream
 from proxy.bench.keep_run import session, wait_until
 from proxy.bench.warm import first_request, post_warm
 from proxy.report.records import InputError, LoadedTimingLog, load_timing_log
@@ -59,22 +58,10 @@ class DayClient:
         self.warm_refused = 0
 
     async def send(self, user: User, step: Step, messages: talk.Messages, request_id: str) -> Call:
-        payload = talk.body(messages, step, user)
-        result, cut = StreamResult(sent=time.monotonic()), False
-        try:
-            await timed_stream(self.http, self.url, payload, detail=True,
-                               headers=talk.headers(user, step.act, request_id), into=result)
-        except (aiohttp.ClientError, TimeoutError):
-            pass  # a failed call: what it saw before it failed
-        except asyncio.CancelledError:
-            cut = True  # the day ended while it ran: its first token and gaps so far still count
-            raise
-        finally:
-            result.ended = time.monotonic() if result.ended is None else result.ended
-            call = Call(request_id, user.name, step.act, PURPOSE[step.act], payload.get("lora"),
-                        result, cut=cut, body=payload)
-            self.calls.append(call)
-        return call
+        return await timed_call(self.http, self.url, talk.body(messages, step, user),
+                                talk.headers(user, step.act, request_id), self.calls,
+                                request_id=request_id, who=user.name, act=step.act,
+                                purpose=PURPOSE[step.act])
 
     async def warm(self, user: User, messages: talk.Messages, request_id: str) -> None:
         """The app's warm-up call (docs/warm.md); a path without slotwise has no such endpoint."""
@@ -230,7 +217,7 @@ async def _wait_keep(sw: SlotwiseProcess) -> None:
 def _client_log(work: Path, calls: list[Call], offset: float) -> LoadedTimingLog:
     """The calls as timing records in `work/client.jsonl` (`slotwise report` reads it too)."""
     path = work / "client.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in client_records(calls, offset)))
+    path.write_bytes(client_log(calls, offset))
     return _load(path)
 
 

@@ -6,8 +6,8 @@ erased. Each phase's figure is the streams' decode step (llama-server's own
 `predicted_per_token_ms`, their mean); after ÷ before says what the long prompt cost everyone who
 came later.
 
-On the testbed (docs/benchmarks.md): one shared KV's steps stay about 45 % slower after a
-12,000-token prompt, also once every slot is erased; a KV per slot's do not.
+On the testbed (docs/benchmarks.md): one shared KV's steps cost about a third more after a
+12,000-token prompt (1.08-1.46×), also once every slot is erased; a KV per slot's do not.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ async def measure(url: str, *, long_words: int, stream_tokens: int, rounds: int,
         async def erase(*slots: int) -> None:
             for slot in slots:
                 async with http.post(f"{url}/slots/{slot}?action=erase") as response:
-                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"llama-server answered {response.status} to erasing "
+                                           f"slot {slot}: {(await response.text())[:200]}")
 
         before = []
         for n in range(rounds):
@@ -148,8 +150,8 @@ def run_kv(args: argparse.Namespace) -> int:
     layouts = [n.strip() for n in args.layouts.split(",") if n.strip()]
     unknown = [n for n in layouts if n not in LAYOUTS]
     if unknown or not layouts:
-        print(f"slotwise: unknown layout {', '.join(unknown) or '(none given)'}: use "
-              f"{', '.join(LAYOUTS)}", file=sys.stderr)
+        print(f"slotwise: --layouts: unknown layout {', '.join(unknown) or '(none given)'} "
+              f"(valid: {', '.join(LAYOUTS)})", file=sys.stderr)
         return 2
     console = Console(stderr=True)
     runs = []

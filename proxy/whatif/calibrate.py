@@ -40,6 +40,10 @@ MIN_CLEAN_SHARE = 0.5
 PRIOR_SHARE = 0.03
 MIN_CTX_SPREAD = 2000
 """Contexts must differ by this many tokens before the fit may put a price on context."""
+TILE_ROWS = 64
+"""Rows of queries ggml's CPU flash attention computes together (ggml-cpu/ops.cpp,
+flash_attn_ext_tiled): a decode token riding in a prompt's micro-batch costs its cells at as many
+rows' price (`Costs.per_decoder_kctx_ms`)."""
 
 
 @dataclass(frozen=True)
@@ -218,11 +222,7 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     prompt's batch is one more row of its matmuls (`per_decoder_ms` = `per_token_ms`); what it
     costs beyond that comes from the cells it attends to (`per_decoder_kctx_ms`, one shared KV):
     fitting both, a day whose batches always had two decoders beside them cannot tell them apart.
-    The other slots' cells in one shared KV (`per_token_per_kv_ms`) cost a prompt token at most
-    what its own context's do: the attention skips a cell its mask hides. A day that reads more
-    into them (short prompts slowed by something else, fitted to the few hundred cells others
-    held: 2.9 ms a token per 1,000 against 0.52 for its own context, on a `bench contention
-    --scenario field` day) has them priced as its own context's instead."""
+    The cells are priced within `CELL_BOUNDS` of the context's own (`_bounded_fit`)."""
     rows = [o.row(n_ubatch) for o in obs]
     per_kctx = cal.costs.decode_per_kctx_ms
     ys = [max(0.05 * o.ms, o.ms - per_kctx * o.dec_kctx * o.batches) for o in obs]
@@ -234,25 +234,50 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     a = a[:, [0, 1, 2, 4, 5, 6]]
     # errors relative to the square root of the time: a 20 s prefill weighs five times a 0.8 s one
     w = np.array([1.0] * len(rows) + [PRIOR_SHARE] * len(prior)) / np.sqrt(np.maximum(y, 1e-9))
-    fa, fb, fc, fg, fs, fp = (float(v) for v in nonnegative_lstsq(a * w[:, None], y * w))
-    if fp > fc:  # a cell the mask hides costs a prompt token at most what one it attends to does
-        a[:, 2] += a[:, 5]
-        fa, fb, fc, fg, fs = (float(v) for v in nonnegative_lstsq(a[:, :5] * w[:, None], y * w))
-        fp = fc
+    fa, fb, fc, fg, fs, fp = _bounded_fit(a * w[:, None], y * w)
     found = {"fixed_ms": fa, "per_token_ms": fb}
-    spread = max(o.ctx for o in obs) - min(o.ctx for o in obs)
-    if spread >= MIN_CTX_SPREAD or max(o.tokens for o in obs) >= MIN_CTX_SPREAD:
-        found.update(per_token_per_kctx_ms=fc, per_kctx_ms=fg)
-    else:
-        cal.notes.append("prefill: every prompt had about the same context: no price on context "
-                         "(per_token_per_kctx_ms, per_kctx_ms assumed)")
     if any(o.decoders > 0 for o in obs):
         found["per_decoder_ms"] = fb
+    spread = max(o.ctx for o in obs) - min(o.ctx for o in obs)
+    if spread < MIN_CTX_SPREAD and max(o.tokens for o in obs) < MIN_CTX_SPREAD:
+        cal.notes.append("prefill: every prompt had about the same context: no price on context "
+                         "or cells (per_token_per_kctx_ms, per_kctx_ms, per_decoder_kctx_ms, "
+                         "per_token_per_kv_ms assumed)")
+        return cal.costs.with_values(found, "log")
+    found.update(per_token_per_kctx_ms=fc, per_kctx_ms=fg)
     if any(r[5] > 0 for r in rows):
         found["per_decoder_kctx_ms"] = fs
     if any(r[6] > 0 for r in rows):
         found["per_token_per_kv_ms"] = fp
     return cal.costs.with_values(found, "log")
+
+
+CELL_BOUNDS = {4: TILE_ROWS, 5: 1.0}
+"""The fit's columns (`_fit_prefill`: fixed, token, context, context read, decoder cells, other
+slots' cells) priced at most a multiple of a prompt token's own context (column 2): a decode token
+riding in a prompt's micro-batch pays its cells at a query tile's price (`TILE_ROWS` rows), and a
+cell the mask hides costs a token at most what one it attends to does (the attention skips it)."""
+
+
+def _bounded_fit(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+    """Non-negative least squares under `CELL_BOUNDS`: a column fitted past its bound is tied to it
+    (its column folded into the context's at that multiple) and the rest fitted again. Unbounded,
+    a day whose short prompts were slow for another reason put it on the few hundred cells the
+    other slots held (2.9 ms a token per 1,000 against 0.52 for its own context, on a `bench
+    contention --scenario field` day), and then on the decoders' cells (76 ms per 1,000)."""
+    tied: dict[int, float] = {}
+    x = nonnegative_lstsq(a, y)
+    while over := {c: k for c, k in CELL_BOUNDS.items() if c not in tied and x[c] > k * x[2]}:
+        tied.update(over)
+        folded = a.copy()
+        for c, k in tied.items():
+            folded[:, 2] += k * a[:, c]
+        free = [c for c in range(a.shape[1]) if c not in tied]
+        x = np.zeros(a.shape[1])
+        x[free] = nonnegative_lstsq(folded[:, free], y)
+        for c, k in tied.items():
+            x[c] = k * x[2]
+    return tuple(float(v) for v in x)
 
 
 def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
@@ -273,7 +298,7 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
                                >= MIN_CTX_SPREAD / 1000.0),
     }
     if not tells["per_slot_ms"]:
-        cal.notes.append(f"decode: as many slots generating in every decode window "
+        cal.notes.append(f"decode: about as many slots generating in every decode window "
                          f"({_span(o.slots for o in obs)}): per_slot_ms assumed")
     fitted = [k for k, tell in tells.items() if tell and k not in given]
     kept = [k for k in features if k not in fitted]

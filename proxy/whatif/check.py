@@ -33,9 +33,9 @@ SHARED_IDS = 0.5
 """Two logs whose generation requests share at least this share of the measured one's ids are the
 same day's (compared over the shared ones)."""
 MIN_BESIDE_MS = 300.0
-"""A stream decoding less than this in a cold request's window was not beside it (`bench
-contention`'s floor for a rate): one token at the window's edge, 0.1 ms before the cold request's
-first, read as 10,000 tokens a second."""
+"""Streams that decoded less than this in all in a cold request's window were not beside it (`bench
+contention`'s floor for a rate, pooled alike): one token at the window's edge, 0.1 ms before the
+cold request's first, read as 10,000 tokens a second."""
 FIGURES = (
     ("cold_ttft_s", "cold requests' time to first token (s, median)"),
     ("stream_rate", "streams' rate while a cold prompt is computed (tok/s)"),
@@ -103,7 +103,8 @@ class Window:
 
 
 def windows(records: Sequence[RecordLine], cold: Collection[str]) -> dict[str, Window]:
-    """Each cold request's window, from the overlaps of the turns that decoded in it."""
+    """Each cold request's window, from the overlaps of the turns that decoded in it, where they
+    decoded `MIN_BESIDE_MS` or more in all."""
     out: dict[str, Window] = {}
     for record in records:
         if not is_turn(record):
@@ -113,13 +114,13 @@ def windows(records: Sequence[RecordLine], cold: Collection[str]) -> dict[str, W
             if not isinstance(ov, Mapping) or str(ov.get("id")) not in cold:
                 continue
             events, ms = num(ov, "decode_events") or 0.0, num(ov, "decode_ms") or 0.0
-            if events <= 0 or ms < MIN_BESIDE_MS:
+            if events <= 0:
                 continue
             was = out.get(str(ov.get("id")), Window())
             gaps = [g for g in (was.gap_s, None if gap is None else gap / 1000.0) if g is not None]
             out[str(ov.get("id"))] = Window(was.events + events, was.ms + ms,
                                             max(gaps, default=None))
-    return out
+    return {cold_id: w for cold_id, w in out.items() if w.ms >= MIN_BESIDE_MS}
 
 
 @dataclass(frozen=True)
