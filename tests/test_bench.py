@@ -77,8 +77,9 @@ def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
 
 
 def test_the_kv_benchmark_times_the_streams_before_and_after_a_long_prompt(
-        start_llama_server: StartLlamaServer) -> None:
-    server = start_llama_server(lora=False, args=list(LAYOUTS["shared"]))
+        start_llama_server: StartLlamaServer, tmp_path: Path) -> None:
+    server = start_llama_server(lora=False, args=[*LAYOUTS["shared"], "--slot-save-path",
+                                                  str(tmp_path)])
     figures = asyncio.run(kv_measure(server.url, long_words=120, stream_tokens=16, rounds=2,
                                      layout="shared"))
     assert len(figures.before_ms) == 2 and figures.before > 0

@@ -115,7 +115,7 @@ def run_layouts(layouts: Sequence[str], *, long_words: int, stream_tokens: int, 
     model = write_model(work / "model", "small", seed=0)
     out = []
     for name in layouts:
-        args = LAYOUTS[name]
+        args = (*LAYOUTS[name], "--slot-save-path", str(work / "slots"))  # the erase action needs it
         say(f"llama-server {' '.join(args)} …")
         with LlamaServer(model.model, args=args, binary=binary,
                          log_path=work / f"llama-server-{name}.log") as server:
