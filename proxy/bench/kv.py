@@ -113,6 +113,7 @@ def run_layouts(layouts: Sequence[str], *, long_words: int, stream_tokens: int, 
     """Each layout on a llama-server of its own (testbed small model), one after the other."""
     work = temp_dir("slotwise-bench-kv-")
     model = write_model(work / "model", "small", seed=0)
+    (work / "slots").mkdir()
     out = []
     for name in layouts:
         args = (*LAYOUTS[name], "--slot-save-path", str(work / "slots"))  # the erase action needs it
