@@ -13,10 +13,10 @@ from rich.table import Table
 from proxy.bench.calls import client_log
 from proxy.bench.contention import Scenario, play
 from proxy.bench.contention_cli import ranges_table
-from proxy.bench.kv import LAYOUTS
-from proxy.bench.kv import measure as kv_measure
+from proxy.bench.kv import LAYOUTS, run_layouts
 from proxy.bench.pieces import measure
 from proxy.report.records import load_timing_log
+from proxy.testbed.model import ModelFiles
 from proxy.whatif.check import SHORT_TOKENS, Kind, counted
 from proxy.whatif.predict import Inputs, predict
 from tests.conftest import StartLlamaServer
@@ -77,11 +77,13 @@ def test_a_direct_path_is_kept_as_a_timing_log_the_what_if_replays(
 
 
 def test_the_kv_benchmark_times_the_streams_before_and_after_a_long_prompt(
-        start_llama_server: StartLlamaServer, tmp_path: Path) -> None:
-    server = start_llama_server(lora=False, args=[*LAYOUTS["shared"], "--slot-save-path",
-                                                  str(tmp_path)])
-    figures = asyncio.run(kv_measure(server.url, long_words=120, stream_tokens=16, rounds=2,
-                                     layout="shared"))
+        llama_server_binary: Path, tiny_model: ModelFiles) -> None:
+    """Both layouts on their own servers, every erase answered (llama-server erases a slot only
+    with a slot save path: without it every erase answered 501 and nothing was erased)."""
+    both = run_layouts(list(LAYOUTS), long_words=120, stream_tokens=16, rounds=2,
+                       binary=llama_server_binary, model=tiny_model.model, say=lambda _: None)
+    assert [f.layout for f in both] == ["shared", "per-slot"]
+    figures = both[0]
     assert len(figures.before_ms) == 2 and figures.before > 0
     assert 400 < figures.long_tokens < 1000 and figures.long_ms > 0  # one prompt, computed whole
     assert min(figures.held_ms, figures.slot_erased_ms, figures.all_erased_ms) > 0

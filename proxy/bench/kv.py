@@ -1,13 +1,12 @@
-"""`slotwise bench kv`: what one long prompt leaves behind in llama-server's KV, on one shared KV
-(`-kvu`, the field report's layout) against a KV per slot. Three streams generate on a fresh server
-(a few rounds, every slot erased between them); then a long prompt is computed in slot 0, and three
-new streams generate while it is held there, after its slot is erased, and after every slot is
-erased. Each phase's figure is the streams' decode step (llama-server's own
-`predicted_per_token_ms`, their mean); after ÷ before says what the long prompt cost everyone who
-came later.
+"""`slotwise bench kv`: what one long prompt held in one slot costs the other slots' decode steps,
+and what erasing it gives back, on one shared KV (`-kvu`, the field report's layout) against a KV
+per slot. Three streams generate on a fresh server (a few rounds); then a long prompt is computed
+in slot 0, and three new streams generate while it is held there, after its slot is erased, and
+after every slot is erased. Each phase's figure is the streams' decode step (llama-server's own
+`predicted_per_token_ms`, their mean), and held ÷ before, after ÷ before.
 
-On the testbed (docs/benchmarks.md): one shared KV's steps cost about a third more after a
-12,000-token prompt (1.08-1.46×), also once every slot is erased; a KV per slot's do not.
+On the testbed (docs/benchmarks.md): with a 12,309-token prompt held, one shared KV's steps cost
+about a third more, and most of it comes back once it is erased; a KV per slot's do not change.
 """
 
 from __future__ import annotations
@@ -61,6 +60,11 @@ class KvFigures:
         return statistics.median(self.before_ms)
 
     @property
+    def held_x(self) -> float:
+        """While the long prompt is held, as × before."""
+        return self.held_ms / self.before
+
+    @property
     def after_x(self) -> float:
         """After every slot is erased, as × before: what stays behind."""
         return self.all_erased_ms / self.before
@@ -108,17 +112,18 @@ async def measure(url: str, *, long_words: int, stream_tokens: int, rounds: int,
 
 
 def run_layouts(layouts: Sequence[str], *, long_words: int, stream_tokens: int, rounds: int,
-                binary: Path | None = None, say: Callable[[str], None] = print
-                ) -> list[KvFigures]:
-    """Each layout on a llama-server of its own (testbed small model), one after the other."""
+                binary: Path | None = None, model: Path | None = None,
+                say: Callable[[str], None] = print) -> list[KvFigures]:
+    """Each layout on a llama-server of its own (`model`, else the testbed small model), one after
+    the other."""
     work = temp_dir("slotwise-bench-kv-")
-    model = write_model(work / "model", "small", seed=0)
+    gguf = model if model is not None else write_model(work / "model", "small", seed=0).model
     (work / "slots").mkdir()
     out = []
     for name in layouts:
         args = (*LAYOUTS[name], "--slot-save-path", str(work / "slots"))  # the erase action needs it
         say(f"llama-server {' '.join(args)} …")
-        with LlamaServer(model.model, args=args, binary=binary,
+        with LlamaServer(gguf, args=args, binary=binary,
                          log_path=work / f"llama-server-{name}.log") as server:
             out.append(asyncio.run(measure(server.url, long_words=long_words,
                                            stream_tokens=stream_tokens, rounds=rounds,
@@ -131,8 +136,8 @@ def run_layouts(layouts: Sequence[str], *, long_words: int, stream_tokens: int, 
 
 def add_kv(commands: Any) -> None:
     kv = commands.add_parser(
-        "kv", help="what one long prompt leaves behind: streams' decode step before and after it, "
-                   "one shared KV against a KV per slot")
+        "kv", help="what one long prompt held in a slot costs the others' decode steps, and "
+                   "what erasing it gives back: one shared KV against a KV per slot")
     kv.add_argument("--long-words", type=positive_int, default=2600,
                     help="the long prompt in words (default 2600, about 12,300 tokens)")
     kv.add_argument("--stream-tokens", type=positive_int, default=256,
@@ -165,13 +170,14 @@ def run_kv(args: argparse.Namespace) -> int:
         print_table(table(figures))
         runs.append(figures)
     if args.json:
-        print(orjson.dumps([[{**asdict(f), "after_x": f.after_x} for f in run] for run in runs],
+        print(orjson.dumps([[{**asdict(f), "held_x": f.held_x, "after_x": f.after_x} for f in run]
+                            for run in runs],
                            option=orjson.OPT_INDENT_2).decode())
     return 0
 
 
 def table(figures: Sequence[KvFigures]) -> Table:
-    grid = figures_table("three streams' decode step (ms) before and after one long prompt")
+    grid = figures_table("three streams' decode step (ms) beside one long prompt held, and after")
     grid.add_column("phase")
     for f in figures:
         grid.add_column(f.layout, justify="right")
@@ -179,6 +185,7 @@ def table(figures: Sequence[KvFigures]) -> Table:
         ("before (median of rounds)", lambda f: f"{f.before:.2f}"),
         ("long prompt: tokens / s", lambda f: f"{f.long_tokens:,} / {f.long_ms / 1000:.1f}"),
         ("while it is held in its slot", lambda f: f"{f.held_ms:.2f}"),
+        ("  as × before", lambda f: f"{f.held_x:.2f} ×"),
         ("after its slot is erased", lambda f: f"{f.slot_erased_ms:.2f}"),
         ("after every slot is erased", lambda f: f"{f.all_erased_ms:.2f}"),
         ("  as × before", lambda f: f"{f.after_x:.2f} ×"),

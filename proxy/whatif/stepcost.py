@@ -4,7 +4,9 @@ of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure ar
 
 Every token attends to its own slot's cells only: ggml's CPU flash attention skips the cells the
 mask hides, so with one shared KV a decode step costs the same whatever the other slots hold
-(measured on the testbed: steps of three slots grew with their own cells, not with the cache).
+(measured on the testbed: steps of three slots grew with their own cells, not with the cache;
+but beside a 12,309-token prompt held in another slot they cost 1.31-1.37×, `slotwise bench kv`,
+which this model leaves out).
 What the shared KV does cost: each prompt token still reads the mask of the other slots' cells,
 and decode tokens in a prompt's micro-batch are computed in its 64-row query tiles.
 """
