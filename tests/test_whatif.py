@@ -17,7 +17,7 @@ from proxy.cli.main import main
 from proxy.config import Config
 from proxy.report.records import load_timing_log, parse_time
 from proxy.testbed.model import ModelFiles
-from proxy.whatif.calibrate import TILE_ROWS, DecodeObs, fit, prompt_obs
+from proxy.whatif.calibrate import SCAN_SHARE, TILE_ROWS, DecodeObs, fit, prompt_obs
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
 from proxy.whatif.kept import RESTORE_SUFFIX
@@ -209,6 +209,32 @@ class TestCalibration:
         assert pinned.costs.origin("decode_per_kctx_ms") == "log"
         assert 0 < pinned.costs.decode_per_kctx_ms < free.costs.decode_per_kctx_ms
         assert not any(n.startswith("decode.step_ms") for n in pinned.notes)
+
+    def test_the_shared_kvs_span_is_priced_where_the_windows_tell_it(self) -> None:
+        """Three streams' steps in spans of 1,000 to 20,000 cells beyond their own: 10 ms and
+        0.1 ms per 1,000 such cells, fitted."""
+        obs = [DecodeObs(40, 10.0 + 0.1 * k, 3.0, 0.9, k) for k in (1.0, 8.0, 20.0, 52.0)]
+        costs = fit([], obs, n_ubatch=512).costs
+        assert costs.step_ms + 2 * costs.per_slot_ms == pytest.approx(10.0, abs=0.05)
+        assert costs.decode_per_kv_ms == pytest.approx(0.1, rel=0.02)
+        assert costs.origin("decode_per_kv_ms") == "log"
+
+    def test_one_span_only_prices_it_at_its_share_of_the_step(self) -> None:
+        """Every window in one span (the field scene's direct day: three streams' steps at
+        16.5 ms in 51,400 cells beyond their own, after the history): the step is fitted with
+        the span at `SCAN_SHARE` of it, so the streams before the history are priced at ~11 ms
+        (11.3 measured), not 16.5; the note says it was assumed."""
+        obs = [DecodeObs(182, 16.5, 3.0, 0.8, 51.4) for _ in range(3)]
+        cal = fit([], obs, n_ubatch=512)
+        costs = cal.costs
+        assert costs.origin("decode_per_kv_ms") == "assumed"
+        assert costs.decode_per_kv_ms == pytest.approx(SCAN_SHARE * costs.step_ms)
+        full = costs.step_ms + 2 * costs.per_slot_ms + costs.decode_per_kv_ms * 51.4
+        assert full == pytest.approx(16.5, rel=0.01)
+        assert 10.5 < costs.step_ms + 2 * costs.per_slot_ms < 12.5
+        assert any("per_kv_ms assumed at 0.009" in n for n in cal.notes)
+        flat = fit([], [DecodeObs(182, 16.5, 3.0, 0.8, 0.0) for _ in range(3)], n_ubatch=512)
+        assert flat.costs.decode_per_kv_ms == 0.0  # no span known (no server log): not priced
 
     def test_the_other_slots_cells_cost_a_prompt_token_at_most_what_its_own_context_does(
             self) -> None:

@@ -261,8 +261,8 @@ class TestRule5BatchTime:
         assert a.tokens == pytest.approx([first, first + 0.02, first + 0.04])
 
     def test_with_one_shared_kv_a_token_attends_to_its_own_cells_only(self) -> None:
-        """The testbed's decode steps grew with the generating slots' own cells, not with what
-        the other slots held (docs/whatif.md, 2026-12-02): the mask hides the other cells."""
+        """What a decode token attends to is its own slot's cells: priced by them alone where
+        the span's other cells are free (`decode_per_kv_ms` 0)."""
         costs = dataclasses.replace(COSTS, decode_per_kctx_ms=10.0, per_token_per_kctx_ms=1.0)
         times = beside_other_cells(costs)
         assert times[0] == pytest.approx(times[1])
@@ -276,6 +276,26 @@ class TestRule5BatchTime:
         tokens = beside_other_cells(dataclasses.replace(COSTS, per_token_per_kv_ms=0.1))
         assert tokens[1][0] - tokens[0][0] == pytest.approx(0.1 * 1000 * 20_000 / 1000 / 1000.0)
         assert tokens[1][2] - tokens[1][1] == pytest.approx(tokens[0][2] - tokens[0][1])
+
+    @pytest.mark.parametrize("unified", [True, False])
+    def test_a_decode_step_reads_the_shared_kvs_span_beyond_its_own_cells(
+            self, unified: bool) -> None:
+        """A stream's steps before a 20,000-token prompt came into the other slot and after it
+        ended (its slot keeps it): with one shared KV each step reads the span's ~20,000 other
+        cells (kvcells.py); with a KV per slot it reads its own."""
+        costs = dataclasses.replace(COSTS, per_token_ms=0.01, decode_per_kv_ms=0.1)
+        server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=unified), costs)
+        a, b = task("a", seq(1, 100), 2000), task("b", seq(2, 20_000), 1)
+        run(server, [(0.0, a), (1.0, b)])
+        before = a.tokens[11] - a.tokens[10]
+        after = a.tokens[-1] - a.tokens[-2]
+        assert before == pytest.approx(0.020, abs=1e-4)
+        if unified:
+            own = 100 + len(a.tokens)
+            span = -(-(20_000 + 1 + own) // 256) * 256
+            assert after == pytest.approx(0.020 + 0.1 * (span - own) / 1e6, abs=2e-5)
+        else:
+            assert after == pytest.approx(0.020)
 
     def test_a_decode_token_in_a_prompts_batch_pays_for_its_cells(self) -> None:
         firsts = []
@@ -352,16 +372,21 @@ class TestRule8Cancel:
 
 
 class TestRule9QuietStretches:
-    def test_computed_at_once_the_same_as_batch_by_batch(self) -> None:
-        costs = dataclasses.replace(COSTS, per_slot_ms=3.0, decode_per_kctx_ms=0.5)
+    @pytest.mark.parametrize("per_kv", [0.0, 0.5])
+    def test_computed_at_once_the_same_as_batch_by_batch(self, per_kv: float) -> None:
+        """With a price on the shared KV's span, within what the span moves in one stretch (its
+        steps read it as at the first: 0.4 % over 400 tokens at a price five times the testbed's)."""
+        costs = dataclasses.replace(COSTS, per_slot_ms=3.0, decode_per_kctx_ms=0.5,
+                                    decode_per_kv_ms=per_kv)
         times = []
         for step in (False, True):
             server = ServerModel(dataclasses.replace(SETTINGS, kv_unified=True), costs)
             a, b = task("a", seq(1, 3000), 400), task("b", seq(2, 500), 250)
             run(server, [(0.0, a), (0.5, b)], step=step)
             times.append((a.tokens, b.tokens))
-        assert times[0][0] == pytest.approx(times[1][0])
-        assert times[0][1] == pytest.approx(times[1][1])
+        rel = 0.005 if per_kv else 1e-6
+        assert times[0][0] == pytest.approx(times[1][0], rel=rel)
+        assert times[0][1] == pytest.approx(times[1][1], rel=rel)
 
 
 class TestRule10KeptKv:

@@ -78,6 +78,25 @@ class TestDecodeSteps:
         assert 0 < len(obs) < len(clean)
 
 
+    @pytest.mark.parametrize("emptied", [False, True])
+    def test_a_window_on_one_shared_kv_gives_the_cells_its_span_holds_beyond_its_own(
+            self, emptied: bool) -> None:
+        """A 10,000-token prompt ended in slot 0, then a stream in slot 1: slot 0 keeps its
+        cells, and each of the stream's steps reads them; with a RAM cache and
+        `cache_idle_slots` the stream's launch empties slot 0 first."""
+        long = task_lines(0, 1, 0.0, 10_000, 10_000.0, 0, 1, 10.0)
+        stream = task_lines(1, 2, 11.0, 200, 200.0, 0, 400, 40_000.0, tg_every=3.0)
+        server = SERVER if not emptied else ServerSettings(
+            n_batch=2048, n_ubatch=512, parallel=4, kv_unified=True, cache_ram=8192)
+        obs = decode_obs(tasks_of(long, stream), server)
+        assert obs, "no window found"
+        for o in obs:
+            span = 256 * -(-(10_001 + o.kctx * 1000) // 256) if not emptied \
+                else 256 * -(-(o.kctx * 1000) // 256)
+            assert o.scanned == pytest.approx((span - o.kctx * 1000) / 1000, abs=0.02)
+        assert decode_obs(tasks_of(long, stream))[0].scanned == 0.0  # without the settings
+
+
 class TestPromptTimes:
     def test_a_short_prompt_beside_a_generating_slot_counts_with_that_slot(self) -> None:
         long = task_lines(0, 1, 0.0, 2000, 2000.0, 0, 400, 40_000.0)

@@ -40,6 +40,11 @@ MIN_CLEAN_SHARE = 0.5
 PRIOR_SHARE = 0.03
 MIN_CTX_SPREAD = 2000
 """Contexts must differ by this many tokens before the fit may put a price on context."""
+SCAN_SHARE = 0.009
+"""Where the log cannot tell `decode_per_kv_ms`, this share of the step per 1,000 cells: on the
+testbed three streams' steps in a span of ~17,400 cells took 16.5 ms against 11.3 ms in one of a
+few hundred (`bench contention --scenario field`, direct: 0.0090), and 1.31-1.37× beside a
+12,309-token prompt held in another slot (`bench kv`: ~0.0085)."""
 TILE_ROWS = 64
 """Rows of queries ggml's CPU flash attention computes together (ggml-cpu/ops.cpp,
 flash_attn_ext_tiled): a decode token riding in a prompt's micro-batch costs its cells at as many
@@ -83,6 +88,8 @@ class DecodeObs:
     slots: float
     kctx: float
     """Thousands of cells attended per step, all its decode tokens together."""
+    scanned: float = 0.0
+    """Thousands of cells of one shared KV's span read per step beyond those, all together."""
 
 
 @dataclass
@@ -290,18 +297,29 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
         "step_ms": lambda o: 1.0,
         "per_slot_ms": lambda o: max(0.0, o.slots - 1.0),
         "decode_per_kctx_ms": lambda o: o.kctx,
+        "decode_per_kv_ms": lambda o: o.scanned,
     }
     tells = {
         "step_ms": True,
         "per_slot_ms": max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5,
         "decode_per_kctx_ms": (max(o.kctx for o in obs) - min(o.kctx for o in obs)
                                >= MIN_CTX_SPREAD / 1000.0),
+        "decode_per_kv_ms": (max(o.scanned for o in obs) - min(o.scanned for o in obs)
+                             >= MIN_CTX_SPREAD / 1000.0),
     }
     if not tells["per_slot_ms"]:
         cal.notes.append(f"decode: about as many slots generating in every decode window "
                          f"({_span(o.slots for o in obs)}): per_slot_ms assumed")
+    # the span known (a server log, one shared KV) but not told apart: its share of the step
+    tied = not tells["decode_per_kv_ms"] and any(o.scanned > 0 for o in obs) \
+        and "decode_per_kv_ms" not in given and "step_ms" not in given
+    if tied:
+        features["step_ms"] = lambda o: 1.0 + SCAN_SHARE * o.scanned
+        cal.notes.append(f"decode: about as many cells of the shared KV's span beyond the decode "
+                         f"tokens' own in every decode window ({_span(o.scanned for o in obs)}k): "
+                         f"per_kv_ms assumed at {SCAN_SHARE:g} of the step per 1,000")
     fitted = [k for k, tell in tells.items() if tell and k not in given]
-    kept = [k for k in features if k not in fitted]
+    kept = [k for k in features if k not in fitted and not (tied and k == "decode_per_kv_ms")]
     cal.steps = sum(o.steps for o in obs)
     if not fitted:
         return base
@@ -318,7 +336,10 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
             "its slots and context, so a short stream generating alone is priced too fast; give "
             "decode.step_ms with --costs (the predicted_per_token_ms of a short request sent alone) "
             "and the rest is fitted around it")
-    return base.with_values(found, "log")
+    costs = base.with_values(found, "log")
+    if tied:
+        costs = costs.with_values({"decode_per_kv_ms": SCAN_SHARE * costs.step_ms}, "assumed")
+    return costs
 
 
 def _span(values: Iterable[float]) -> str:

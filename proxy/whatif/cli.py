@@ -123,7 +123,8 @@ def _summary(p: Prediction, output: str) -> None:
         f"{costs.per_decoder_kctx_ms:.2f} ms per 1k decoder cells + "
         f"{costs.per_token_per_kv_ms:.4f} ms/token per 1k other slots' cells; "
         f"decode step {costs.step_ms:.1f} ms + {costs.per_slot_ms:.2f} ms/slot + "
-        f"{costs.decode_per_kctx_ms:.3f} ms per 1k ctx")
+        f"{costs.decode_per_kctx_ms:.3f} ms per 1k ctx + {costs.decode_per_kv_ms:.3f} ms per 1k "
+        "cells of the span beyond its own")
     cal = p.calibration
     say(f"  calibrated from {cal.prefills} prefills, {cal.steps} batch steps, {cal.decodes} "
         "decodes")

@@ -7,7 +7,8 @@ form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)
 decoding slot's token riding in it; with one shared KV also p·n·(other slots' cells)/1000 and
 s·(the decoding slots' cells)/1000 (stepcost.py says why). A batch of decode tokens only costs one
 step: step + per_slot·(slots − 1) + per_kctx·(cells the decode tokens attend to)/1000, each its
-own slot's.
+own slot's, + per_kv·(cells of the span each scans beyond its own)/1000 with one shared KV
+(kvcells.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Costs:
     """decode.per_slot_ms: each further decoding slot in the step."""
     decode_per_kctx_ms: float = 0.0
     """decode.per_kctx_ms: per decode token per 1,000 tokens it attends to."""
+    decode_per_kv_ms: float = 0.0
+    """decode.per_kv_ms: with one shared KV, per decode token per 1,000 cells of the span its
+    attention runs over (kvcells.py) that are not its own slot's: hidden by the mask, still read.
+    Where the log cannot tell it, `SCAN_SHARE` of the step (calibrate.py)."""
     lora_switch_ms: float = 0.0
     """server.lora_switch_ms: a batch whose LoRA settings differ from the last one's
     (sched_reserve)."""
@@ -108,6 +113,7 @@ KEYS: dict[str, str] = {
     "decode.step_ms": "step_ms",
     "decode.per_slot_ms": "per_slot_ms",
     "decode.per_kctx_ms": "decode_per_kctx_ms",
+    "decode.per_kv_ms": "decode_per_kv_ms",
     "server.lora_switch_ms": "lora_switch_ms",
     "server.kv_bytes_per_token": "kv_bytes_per_token",
     "server.copy_gb_s": "copy_gb_s",

@@ -109,7 +109,7 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
         prefills = task_prefill_obs(tasks, server) or prefills
-        decodes = decode_obs(tasks) or decodes
+        decodes = decode_obs(tasks, server) or decodes
         steps = progress_obs(tasks, server)
     given = inputs.costs_file
     cal = fit([*prefills, *steps], decodes, server.n_ubatch,

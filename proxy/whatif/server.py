@@ -22,7 +22,9 @@ Rules (tests/test_whatif_server.py follows them one to one):
     until its client left, size unknown) holds its slot and never enters a batch.
  5. A batch takes what stepcost.py says: micro-batches of prompt tokens, or one decode step;
     every token attends to its own slot's cells (with one shared KV a prompt token also scans the
-    other slots' cells, and decode tokens riding with a prompt pay for theirs at its tile's price).
+    other slots' cells, decode tokens riding with a prompt pay for theirs at its tile's price, and
+    a decode step for the cells of the KV's span beyond each token's own: kvcells.py places each
+    batch's cells as llama.cpp does).
  6. At a batch's end a finished prompt samples its first token and each generating slot its next,
     slot by slot in slot order (a stream in a lower slot than a prompt that just finished has its
     token before that prompt's first token, one in a higher slot after it); a task ends at
@@ -33,7 +35,8 @@ Rules (tests/test_whatif_server.py follows them one to one):
     what it computed).
  9. A stretch of decode-only batches with nothing waiting is computed at once, up to the horizon
     (the next outside event) or the batch that finishes a task: the same tokens at the same times
-    as batch by batch.
+    as batch by batch (with a price on the shared KV's span, every step of it reads the span as at
+    its first: what the decoders' own cells move it within a stretch is left out).
 10. Kept KV (keep_kv): a restore of a file and a save of a slot are tasks the main loop runs
     between two batches, in the order they came, each taking its time while every slot waits. A
     restore goes into an idle slot, an empty one first, else the least recently used, which then
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from proxy.whatif.costs import Costs
+from proxy.whatif.kvcells import KvCells
 from proxy.whatif.prompts import Held, Seq
 from proxy.whatif.settings import ServerSettings
 from proxy.whatif.slots import Phase, Slot, Slots, Task
@@ -123,6 +127,7 @@ class ServerModel:
         self.settings, self.costs = settings, costs
         self.table = Slots(settings, costs)
         self.slots = self.table.slots
+        self.kv = KvCells(settings.ctx) if settings.kv_unified else None
         self._batch: _Batch | None = None
         self._wake: float | None = None
         self._lora = "default"
@@ -288,7 +293,25 @@ class ServerModel:
         pool = sum(s.held.n for s in self.slots) if self.settings.kv_unified else 0
         prompt = [PromptRun(n, s.held.n, max(0, pool - s.held.n)) for s, n in runs]
         return batch_ms(self.costs, dec_ctx, prompt, n_ubatch=self.settings.n_ubatch,
-                        unified=self.settings.kv_unified)
+                        unified=self.settings.kv_unified, scanned=self._place(runs, decoders))
+
+    def _place(self, runs: list[tuple[Slot, int]], decoders: list[Slot]) -> int:
+        """Rule 5: the batch's cells placed in the shared KV (what the slots hold first: a slot
+        emptied, restored or cut back since), and the cells of its span the decode tokens read
+        beyond their own."""
+        if self.kv is None:
+            return 0
+        self.kv.sync({s.id: s.held.n for s in self.slots})
+        for slot in decoders:
+            self.kv.place(slot.id, 1)
+        for slot, n in runs:
+            self.kv.place(slot.id, n)
+        return self._scanned(decoders, 1)
+
+    def _scanned(self, decoders: list[Slot], ahead: int) -> int:
+        """The span's cells beyond each decoder's own (with `ahead` of its tokens placed)."""
+        span = self.kv.span() if self.kv is not None else 0
+        return sum(max(0, span - s.held.n - ahead) for s in decoders) if span else 0
 
     def _post_decode(self, batch: _Batch, out: list[Happening]) -> None:
         runs = dict(batch.runs)
@@ -344,7 +367,8 @@ class ServerModel:
             return
         attended = sum(s.held.n for s in decoders)
         growth = len(decoders)
-        times = decode_steps_ms(self.costs, len(decoders), attended + growth, growth, steps - 1)
+        times = decode_steps_ms(self.costs, len(decoders), attended + growth, growth, steps - 1,
+                                self._scanned(decoders, 1))
         ends = batch.end + np.cumsum(times) / 1000.0
         taken = min(steps - 1, 1 + int(np.searchsorted(ends, horizon, side="left")))
         stamps = [batch.end, *ends[:taken - 1].tolist()]

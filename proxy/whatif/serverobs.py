@@ -6,24 +6,29 @@ so short prompts count too. Pure: rebuilt tasks in, observations out.
 A prompt or a step counts when no other task computed prompt tokens beside it (their batches would
 be in its time); a decode window counts when no other task computed prompt tokens in it and no task
 started or stopped generating in it. Each is priced against the decoding slots beside it and the
-cells those attend to: their own cells (the prompt, what was cached and what they generated), not
-every slot's. With one shared KV a decode step costs the same whatever the other slots hold
-(measured on the testbed, docs/whatif.md); the attention skips cells the mask hides.
+cells those attend to (their own: the prompt, what was cached and what they generated); a decode
+window with one shared KV also against the cells of the KV's span they read beyond their own
+(kvcells.py, its cells placed again from the tasks' launches, prompts and replies).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from proxy.report.records import RecordLine, start_of, timing
 from proxy.report.tasks import Task
 from proxy.whatif.calibrate import DecodeObs, PrefillObs, prompt_obs
+from proxy.whatif.kvcells import KvCells
 from proxy.whatif.settings import ServerSettings
 
 MIN_TASK_PROMPT = 16
 """A task's prompt shorter than this is too close to a decode step to tell the batch costs apart."""
 MIN_WINDOW_STEPS = 8
+GEN_CELLS = 16
+"""Generated tokens placed at a time when the KV's cells are placed again (their times spread
+evenly over the reply)."""
 
 
 def _prefill(task: Task) -> tuple[float, float] | None:
@@ -119,10 +124,12 @@ def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillO
     return out
 
 
-def decode_obs(tasks: Sequence[Task]) -> list[DecodeObs]:
+def decode_obs(tasks: Sequence[Task], server: ServerSettings | None = None) -> list[DecodeObs]:
     """One observation per window between two generation-progress lines of a task in which only
-    decode steps ran: its steps, their mean time, the slots generating and the cells they attend."""
+    decode steps ran: its steps, their mean time, the slots generating, the cells they attend and,
+    with one shared KV (`server`), the cells of its span they read beyond those."""
     day = _Day(tasks)
+    span = kv_span(tasks, server) if server is not None and server.kv_unified else None
     out = []
     for task in day.gen:
         for (t0, n0, _), (t1, n1, _) in itertools.pairwise(task.tg):
@@ -132,9 +139,46 @@ def decode_obs(tasks: Sequence[Task]) -> list[DecodeObs]:
                 continue
             slots = day.decoding(None, t0, t1)
             mid = (t0 + t1) / 2
-            kctx = sum(_cells(o, mid) for o in slots) / 1000.0
-            out.append(DecodeObs(steps, (t1 - t0) * 1000.0 / steps, float(len(slots)), kctx))
+            own = [_cells(o, mid) for o in slots]
+            scanned = sum(max(0.0, span(mid) - c) for c in own) if span is not None else 0.0
+            out.append(DecodeObs(steps, (t1 - t0) * 1000.0 / steps, float(len(slots)),
+                                 sum(own) / 1000.0, scanned / 1000.0))
     return out
+
+
+def kv_span(tasks: Sequence[Task], server: ServerSettings) -> Callable[[float], int]:
+    """The shared KV's span (kvcells.py) at any time of the log: each task's launch keeps what its
+    slot shared with the prompt (its cached tokens) and, with `cache_idle_slots` and a RAM cache,
+    empties every idle slot; its prompt's cells are placed a micro-batch at a time over its
+    prefill, its reply's `GEN_CELLS` at a time."""
+    events: list[tuple[float, int, int, int]] = []  # (time, order, slot, cells; -1 - kept: launch)
+    for task in tasks:
+        events.append((task.start_s, 0, task.slot, -1 - (task.cache_n or 0)))
+        p0, p1, end = task.prefill_start_s, task.decode_start_s, task.end_s
+        for a, b, n, step in ((p0, p1, task.prompt_n, max(1, server.n_ubatch)),
+                              (p1, end, task.predicted_n, GEN_CELLS)):
+            if a is None or b is None or not n:
+                continue
+            k = -(-n // step)
+            events.extend((a + (b - a) * (i + 1) / k, 1, task.slot, min(step, n - step * i))
+                          for i in range(k))
+    events.sort()
+    running = sorted((t.start_s, t.end_s if t.end_s is not None else float("inf"), t.slot)
+                     for t in tasks)
+    empties = server.cache_idle_slots and server.cache_ram != 0
+    kv = KvCells(server.ctx)
+    times, spans = [float("-inf")], [0]
+    for t, _, slot, n in events:
+        if n >= 0:
+            kv.place(slot, n)
+        else:
+            kv.sync({slot: -1 - n})
+            if empties:
+                busy = {s for a, b, s in running if a <= t < b}
+                kv.sync({s: 0 for s in list(kv.count) if s not in busy and s != slot})
+        times.append(t)
+        spans.append(kv.span())
+    return lambda t: spans[bisect.bisect_right(times, t) - 1]
 
 
 def used_before(tasks: Sequence[Task], records: Sequence[RecordLine]) -> list[int]:

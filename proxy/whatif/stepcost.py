@@ -2,13 +2,11 @@
 `n_ubatch` (with one shared KV the decode tokens share the first; with a KV per slot they get one
 of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure arithmetic.
 
-Every token attends to its own slot's cells only: ggml's CPU flash attention skips the cells the
-mask hides, so with one shared KV a decode step costs the same whatever the other slots hold
-(measured on the testbed: steps of three slots grew with their own cells, not with the cache;
-but beside a 12,309-token prompt held in another slot they cost 1.31-1.37×, `slotwise bench kv`,
-which this model leaves out).
-What the shared KV does cost: each prompt token still reads the mask of the other slots' cells,
-and decode tokens in a prompt's micro-batch are computed in its 64-row query tiles.
+Every token attends to its own slot's cells. With one shared KV its attention still runs over
+every cell up to the highest in use (kvcells.py), reading the mask of those it skips: a decode
+step pays for the cells of that span beyond each decode token's own (`decode_per_kv_ms`), a prompt
+token for the other slots' cells, and decode tokens in a prompt's micro-batch are computed in its
+64-row query tiles.
 """
 
 from __future__ import annotations
@@ -35,12 +33,14 @@ class PromptRun:
 
 
 def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun], *,
-             n_ubatch: int, unified: bool) -> float:
-    """One batch: `decode_ctx` holds the cells each decode token attends to."""
+             n_ubatch: int, unified: bool, scanned: int = 0) -> float:
+    """One batch: `decode_ctx` holds the cells each decode token attends to; `scanned`, the cells
+    of one shared KV's span they read beyond those, all together (a decode-only step's)."""
     decoders = len(decode_ctx)
     attended = costs.decode_per_kctx_ms * sum(decode_ctx) / 1000.0
     if not runs:
-        return costs.step_ms + costs.per_slot_ms * max(0, decoders - 1) + attended
+        return (costs.step_ms + costs.per_slot_ms * max(0, decoders - 1) + attended
+                + costs.decode_per_kv_ms * scanned / 1000.0)
     ub = max(1, n_ubatch)
     prompt = sum(r.tokens for r in runs)
     if unified:
@@ -61,11 +61,13 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
 
 
 def decode_steps_ms(costs: Costs, decoders: int, attended: int, growth: int,
-                    steps: int) -> npt.NDArray[np.float64]:
+                    steps: int, scanned: int = 0) -> npt.NDArray[np.float64]:
     """The times of `steps` decode-only steps in a row: the first with `attended` cells attended
-    in all, each next one with `growth` more."""
+    in all, each next one with `growth` more; `scanned` read beyond them in each (held: the span
+    moves little in a stretch)."""
     k = np.arange(steps, dtype=np.float64)
-    base = costs.step_ms + costs.per_slot_ms * max(0, decoders - 1)
+    base = (costs.step_ms + costs.per_slot_ms * max(0, decoders - 1)
+            + costs.decode_per_kv_ms * scanned / 1000.0)
     result: npt.NDArray[np.float64] = base + costs.decode_per_kctx_ms * (attended + k * growth) / 1000.0
     return result
 
