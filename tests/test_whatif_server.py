@@ -271,10 +271,12 @@ class TestRule5BatchTime:
         assert times[0][:2] == pytest.approx([first, first + step])
 
     def test_with_one_shared_kv_prompt_tokens_scan_the_other_slots_cells(self) -> None:
-        """The mask of every cell is read for each tile of queries: a prompt costs more beside a
-        full cache, a decode step does not."""
+        """The mask of every cell of the span is read for each tile of queries: a prompt costs
+        more beside a full cache (its 1,000 cells and the 20,000 others in a span of 21,248, the
+        next multiple of 256, against 1,024 alone); a decode step only at its own price."""
         tokens = beside_other_cells(dataclasses.replace(COSTS, per_token_per_kv_ms=0.1))
-        assert tokens[1][0] - tokens[0][0] == pytest.approx(0.1 * 1000 * 20_000 / 1000 / 1000.0)
+        scanned = (21_248 - 1000) - (1024 - 1000)
+        assert tokens[1][0] - tokens[0][0] == pytest.approx(0.1 * 1000 * scanned / 1e6)
         assert tokens[1][2] - tokens[1][1] == pytest.approx(tokens[0][2] - tokens[0][1])
 
     @pytest.mark.parametrize("unified", [True, False])

@@ -66,11 +66,12 @@ class PrefillObs:
     dec_kctx: float = 0.0
     """Thousands of cells the decode tokens beside it attend to, each batch (their own cells)."""
     others_kv: float = 0.0
-    """Thousands of cells the other slots held in one shared KV meanwhile."""
+    """Thousands of cells of one shared KV's span beyond its own meanwhile (kvcells.py; from the
+    timing log alone, the cells the other requests held)."""
 
     def row(self, n_ubatch: int) -> tuple[float, float, float, float, float, float, float]:
         """Its features, in the order a, b, c, e, g of the batch cost, then the decode tokens'
-        cells in micro-batches shared with it and the other slots' cells its mask covers (both
+        cells in micro-batches shared with it and the span's other cells its mask covers (both
         one shared KV)."""
         ub = max(1, n_ubatch)
         read = self.micro * self.ctx + ub * self.micro * (self.micro - 1) / 2

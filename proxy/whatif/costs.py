@@ -4,7 +4,7 @@ calibrated from the log, read from the model file, or assumed), and the `--costs
 
 A batch with prompt tokens costs, per micro-batch of `n_ubatch` tokens, the prefill gate's own
 form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)/1000, plus e per
-decoding slot's token riding in it; with one shared KV also p·n·(other slots' cells)/1000 and
+decoding slot's token riding in it; with one shared KV also p·n·(the span's other cells)/1000 and
 s·(the decoding slots' cells)/1000 (stepcost.py says why). A batch of decode tokens only costs one
 step: step + per_slot·(slots − 1) + per_kctx·(cells the decode tokens attend to)/1000, each its
 own slot's, + per_kv·(cells of the span each scans beyond its own)/1000 with one shared KV
@@ -45,9 +45,10 @@ class Costs:
     flash attention computes a 64-row tile of queries over every cell one of its rows sees, so a
     decode token there costs its cells at 64 rows' price (ggml-cpu/ops.cpp, flash_attn_ext_tiled)."""
     per_token_per_kv_ms: float = 0.0
-    """prefill.per_token_per_kv_ms: with one shared KV, per prompt token per 1,000 cells the other
-    slots hold: ggml's CPU flash attention reads the mask of every cell in the cache for each tile
-    of queries, the cells it then skips too (ggml-cpu/ops.cpp, flash_attn_ext_tiled)."""
+    """prefill.per_token_per_kv_ms: with one shared KV, per prompt token per 1,000 cells of the
+    span beyond its own (kvcells.py): ggml's CPU flash attention reads the mask of every cell up to
+    the highest in use for each tile of queries, the cells it then skips too (ggml-cpu/ops.cpp,
+    flash_attn_ext_tiled)."""
     step_ms: float = 20.0
     """decode.step_ms: a batch of one decode token."""
     per_slot_ms: float = 1.0

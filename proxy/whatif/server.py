@@ -21,10 +21,10 @@ Rules (tests/test_whatif_server.py follows them one to one):
     of settings between batches costs `lora_switch_ms`. A starved task (its log shows it waiting
     until its client left, size unknown) holds its slot and never enters a batch.
  5. A batch takes what stepcost.py says: micro-batches of prompt tokens, or one decode step;
-    every token attends to its own slot's cells (with one shared KV a prompt token also scans the
-    other slots' cells, decode tokens riding with a prompt pay for theirs at its tile's price, and
-    a decode step for the cells of the KV's span beyond each token's own: kvcells.py places each
-    batch's cells as llama.cpp does).
+    every token attends to its own slot's cells (with one shared KV every token also scans the
+    cells of the KV's span beyond its own, free or another slot's: kvcells.py places each batch's
+    cells as llama.cpp does; and decode tokens riding with a prompt pay for theirs at its tile's
+    price).
  6. At a batch's end a finished prompt samples its first token and each generating slot its next,
     slot by slot in slot order (a stream in a lower slot than a prompt that just finished has its
     token before that prompt's first token, one in a higher slot after it); a task ends at
@@ -290,10 +290,11 @@ class ServerModel:
 
     def _time(self, runs: list[tuple[Slot, int]], decoders: list[Slot]) -> float:
         dec_ctx = [s.held.n for s in decoders]
-        pool = sum(s.held.n for s in self.slots) if self.settings.kv_unified else 0
-        prompt = [PromptRun(n, s.held.n, max(0, pool - s.held.n)) for s, n in runs]
+        scanned = self._place(runs, decoders)
+        span = self.kv.span() if self.kv is not None else 0
+        prompt = [PromptRun(n, s.held.n, max(0, span - s.held.n - n)) for s, n in runs]
         return batch_ms(self.costs, dec_ctx, prompt, n_ubatch=self.settings.n_ubatch,
-                        unified=self.settings.kv_unified, scanned=self._place(runs, decoders))
+                        unified=self.settings.kv_unified, scanned=scanned)
 
     def _place(self, runs: list[tuple[Slot, int]], decoders: list[Slot]) -> int:
         """Rule 5: the batch's cells placed in the shared KV (what the slots hold first: a slot

@@ -6,9 +6,9 @@ so short prompts count too. Pure: rebuilt tasks in, observations out.
 A prompt or a step counts when no other task computed prompt tokens beside it (their batches would
 be in its time); a decode window counts when no other task computed prompt tokens in it and no task
 started or stopped generating in it. Each is priced against the decoding slots beside it and the
-cells those attend to (their own: the prompt, what was cached and what they generated); a decode
-window with one shared KV also against the cells of the KV's span they read beyond their own
-(kvcells.py, its cells placed again from the tasks' launches, prompts and replies).
+cells those attend to (their own: the prompt, what was cached and what they generated) and, with
+one shared KV, against the cells of the KV's span read beyond their own (kvcells.py, its cells
+placed again from the tasks' launches, prompts and replies).
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def _held(task: Task, t: float) -> float:
 
 
 class _Day:
-    def __init__(self, tasks: Sequence[Task]) -> None:
+    def __init__(self, tasks: Sequence[Task], server: ServerSettings | None = None) -> None:
         self.tasks = tasks
+        self.span = kv_span(tasks, server) if server is not None and server.kv_unified else None
         self.prefills = [(t, p) for t in tasks if (p := _prefill(t)) is not None]
         self.gen = [t for t in tasks if t.decode_start_s is not None and t.end_s is not None]
 
@@ -79,8 +80,10 @@ class _Day:
                 and (o.end_s or 0) >= t1]
 
     def others(self, task: Task, t: float) -> float:
-        """Thousands of cells the other tasks' slots hold at `t` (idle slots are emptied at each
-        launch with --cache-idle-slots, so only tasks count)."""
+        """Thousands of cells of the shared KV's span at `t` beyond the task's own (kv_span);
+        without the server's settings, the cells the other tasks' slots hold."""
+        if self.span is not None:
+            return max(0.0, self.span(t) - _held(task, t)) / 1000.0
         return sum(_held(o, t) for o in self.tasks if o is not task) / 1000.0
 
     def changes(self, t0: float, t1: float) -> bool:
@@ -91,7 +94,7 @@ class _Day:
 
 def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
     """One observation per task whose prompt was computed with no other prompt beside it."""
-    day = _Day(tasks)
+    day = _Day(tasks, server)
     out = []
     for task in day.gen:
         p0, p1 = task.prefill_start_s, task.decode_start_s
@@ -110,7 +113,7 @@ def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[Pref
 def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
     """One observation per iteration between two prompt-progress lines of a task (printed once a
     prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
-    day = _Day(tasks)
+    day = _Day(tasks, server)
     out = []
     for task in tasks:
         cache = task.cache_n or 0

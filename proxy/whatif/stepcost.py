@@ -5,7 +5,7 @@ of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure ar
 Every token attends to its own slot's cells. With one shared KV its attention still runs over
 every cell up to the highest in use (kvcells.py), reading the mask of those it skips: a decode
 step pays for the cells of that span beyond each decode token's own (`decode_per_kv_ms`), a prompt
-token for the other slots' cells, and decode tokens in a prompt's micro-batch are computed in its
+token likewise (`per_token_per_kv_ms`), and decode tokens in a prompt's micro-batch are computed in its
 64-row query tiles.
 """
 
@@ -29,7 +29,7 @@ class PromptRun:
     ctx: int
     """Cells the first of them attends to before itself: the slot's own tokens."""
     others: int = 0
-    """Cells the other slots hold in one shared KV (masked from it, but scanned)."""
+    """Cells of one shared KV's span beyond its own (masked from it, but scanned: kvcells.py)."""
 
 
 def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun], *,
