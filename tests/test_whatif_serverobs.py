@@ -78,6 +78,22 @@ class TestDecodeSteps:
         assert 0 < len(obs) < len(clean)
 
 
+    def test_a_piece_computed_in_a_window_is_taken_out_of_it(self) -> None:
+        """A day fed in pieces has few windows with none in them: a 64-token piece of 500 ms in a
+        window leaves the window's time less its 500 ms over its steps less the one its batch
+        carried; pieces over half the window leave none."""
+        stream = task_lines(0, 1, 0.0, 2000, 2000.0, 0, 400, 40_000.0, tg_every=3.0)
+        clean = decode_obs(tasks_of(stream), SERVER)
+        piece = task_lines(1, 2, 20.0, 64, 500.0, 3000, 1, 1.0)
+        obs = decode_obs(tasks_of(stream, piece), SERVER)
+        assert len(obs) == len(clean)
+        (window,) = [o for o, c in zip(obs, clean, strict=True)
+                     if (o.steps, o.step_ms) != (c.steps, c.step_ms)]
+        steps = window.steps + 1
+        assert window.step_ms == pytest.approx((steps * 100.0 - 500.0) / (steps - 1), rel=0.01)
+        big = task_lines(1, 2, 21.0, 2000, 2000.0, 3000, 1, 1.0)  # two thirds of one window
+        assert len(decode_obs(tasks_of(stream, big), SERVER)) == len(clean) - 1
+
     @pytest.mark.parametrize("emptied", [False, True])
     def test_a_window_on_one_shared_kv_gives_the_cells_its_span_holds_beyond_its_own(
             self, emptied: bool) -> None:

@@ -154,7 +154,7 @@ def _decode_apart(index: SpanIndex, span: Span, t0: float, t1: float, steps: int
         spans.append((a, b))
         share = (other.prompt_n or 0) * (b - a) / (e - s)
         batches += max(1, math.ceil(share / max(1, server.n_batch)))
-    blocked = _union_s(spans)
+    blocked = union_s(spans)
     left_ms = decode_ms - blocked * 1000.0
     left_steps = steps - batches
     if left_steps < MIN_STEPS or left_ms < MIN_CLEAN_SHARE * decode_ms:
@@ -162,7 +162,7 @@ def _decode_apart(index: SpanIndex, span: Span, t0: float, t1: float, steps: int
     return left_steps, left_ms / left_steps
 
 
-def _union_s(spans: list[tuple[float, float]]) -> float:
+def union_s(spans: list[tuple[float, float]]) -> float:
     total, reach = 0.0, float("-inf")
     for a, b in sorted(spans):
         if b > reach:
@@ -305,8 +305,8 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
         "per_slot_ms": max(o.slots for o in obs) - min(o.slots for o in obs) >= 0.5,
         "decode_per_kctx_ms": (max(o.kctx for o in obs) - min(o.kctx for o in obs)
                                >= MIN_CTX_SPREAD / 1000.0),
-        "decode_per_kv_ms": (max(o.scanned for o in obs) - min(o.scanned for o in obs)
-                             >= MIN_CTX_SPREAD / 1000.0),
+        "decode_per_kv_ms": (max(o.scanned / o.slots for o in obs)
+                             - min(o.scanned / o.slots for o in obs) >= MIN_CTX_SPREAD / 1000.0),
     }
     if not tells["per_slot_ms"]:
         cal.notes.append(f"decode: about as many slots generating in every decode window "
@@ -316,8 +316,9 @@ def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
         and "decode_per_kv_ms" not in given and "step_ms" not in given
     if tied:
         features["step_ms"] = lambda o: 1.0 + SCAN_SHARE * o.scanned
-        cal.notes.append(f"decode: about as many cells of the shared KV's span beyond the decode "
-                         f"tokens' own in every decode window ({_span(o.scanned for o in obs)}k): "
+        cal.notes.append(f"decode: about as many cells of the shared KV's span beyond a decode "
+                         f"token's own in every decode window "
+                         f"({_span(o.scanned / o.slots for o in obs)}k): "
                          f"per_kv_ms assumed at {SCAN_SHARE:g} of the step per 1,000")
     fitted = [k for k, tell in tells.items() if tell and k not in given]
     kept = [k for k in features if k not in fitted and not (tied and k == "decode_per_kv_ms")]

@@ -4,22 +4,26 @@ between two generation-progress lines (`n_gen`). Its times hold no HTTP, tokenis
 so short prompts count too. Pure: rebuilt tasks in, observations out.
 
 A prompt or a step counts when no other task computed prompt tokens beside it (their batches would
-be in its time); a decode window counts when no other task computed prompt tokens in it and no task
-started or stopped generating in it. Each is priced against the decoding slots beside it and the
-cells those attend to (their own: the prompt, what was cached and what they generated) and, with
-one shared KV, against the cells of the KV's span read beyond their own (kvcells.py, its cells
-placed again from the tasks' launches, prompts and replies).
+be in its time); a decode window counts when no task started or stopped generating in it (a task
+of one token, a piece or a warm-up, does not), with the prompts computed in it taken out: their
+time in it and one step per batch of theirs, in which each decode token rode (a day fed in pieces
+has few windows with no piece in them), when half its time and `MIN_WINDOW_STEPS` steps are
+left. Each is priced against the decoding slots beside it and the cells those attend to
+(their own: the prompt, what was cached and what they generated) and, with one shared KV,
+against the cells of the KV's span read beyond their own (kvcells.py, its cells placed again
+from the tasks' launches, prompts and replies).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from proxy.report.records import RecordLine, start_of, timing
 from proxy.report.tasks import Task
-from proxy.whatif.calibrate import DecodeObs, PrefillObs, prompt_obs
+from proxy.whatif.calibrate import DecodeObs, PrefillObs, prompt_obs, union_s
 from proxy.whatif.kvcells import KvCells
 from proxy.whatif.settings import ServerSettings
 
@@ -70,6 +74,7 @@ class _Day:
         self.span = kv_span(tasks, server) if server is not None and server.kv_unified else None
         self.prefills = [(t, p) for t in tasks if (p := _prefill(t)) is not None]
         self.gen = [t for t in tasks if t.decode_start_s is not None and t.end_s is not None]
+        self.streams = [t for t in self.gen if (t.predicted_n or 0) >= 2]
 
     def prompt_beside(self, task: Task | None, t0: float, t1: float) -> bool:
         return any(o is not task and a < t1 and b > t0 for o, (a, b) in self.prefills)
@@ -89,7 +94,26 @@ class _Day:
     def changes(self, t0: float, t1: float) -> bool:
         """A task started or stopped generating inside (t0, t1)."""
         return any(t0 < (o.decode_start_s or 0) < t1 or t0 < (o.end_s or 0) < t1
-                   for o in self.gen)
+                   for o in self.streams)
+
+    def decode_apart(self, t0: float, t1: float, steps: int, n_batch: int
+                     ) -> tuple[int, float] | None:
+        """The decode-only steps of (t0, t1) and their time: the prompts computed in it taken out
+        (the union of their time, one step per batch of theirs); None when under half the time or
+        `MIN_WINDOW_STEPS` steps are left."""
+        spans, batches = [], 0
+        for task, (a, b) in self.prefills:
+            if b <= t0 or a >= t1 or b <= a:
+                continue
+            lo, hi = max(a, t0), min(b, t1)
+            spans.append((lo, hi))
+            share = (task.prompt_n or 0) * (hi - lo) / (b - a)
+            batches += max(1, math.ceil(share / max(1, n_batch)))
+        left_ms = (t1 - t0 - union_s(spans)) * 1000.0
+        left = steps - batches
+        if left < MIN_WINDOW_STEPS or left_ms < 0.5 * (t1 - t0) * 1000.0:
+            return None
+        return left, left_ms
 
 
 def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
@@ -131,20 +155,22 @@ def decode_obs(tasks: Sequence[Task], server: ServerSettings | None = None) -> l
     """One observation per window between two generation-progress lines of a task in which only
     decode steps ran: its steps, their mean time, the slots generating, the cells they attend and,
     with one shared KV (`server`), the cells of its span they read beyond those."""
-    day = _Day(tasks)
-    span = kv_span(tasks, server) if server is not None and server.kv_unified else None
+    day = _Day(tasks, server)
+    n_batch = server.n_batch if server is not None else ServerSettings().n_batch
     out = []
-    for task in day.gen:
+    for task in day.streams:
         for (t0, n0, _), (t1, n1, _) in itertools.pairwise(task.tg):
-            steps = n1 - n0
-            if steps < MIN_WINDOW_STEPS or t1 <= t0 or day.prompt_beside(None, t0, t1) \
-                    or day.changes(t0, t1):
+            if t1 <= t0 or day.changes(t0, t1):
+                continue
+            apart = day.decode_apart(t0, t1, n1 - n0, n_batch)
+            if apart is None:
                 continue
             slots = day.decoding(None, t0, t1)
             mid = (t0 + t1) / 2
             own = [_cells(o, mid) for o in slots]
-            scanned = sum(max(0.0, span(mid) - c) for c in own) if span is not None else 0.0
-            out.append(DecodeObs(steps, (t1 - t0) * 1000.0 / steps, float(len(slots)),
+            span = day.span(mid) if day.span is not None else 0
+            scanned = sum(max(0.0, span - c) for c in own)
+            out.append(DecodeObs(apart[0], apart[1] / apart[0], float(len(slots)),
                                  sum(own) / 1000.0, scanned / 1000.0))
     return out
 
