@@ -32,7 +32,7 @@ from proxy.whatif.kept import kept_bytes_per_token
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
-from proxy.whatif.serverobs import decode_obs, progress_obs, task_prefill_obs, used_before
+from proxy.whatif.serverobs import server_obs, used_before
 from proxy.whatif.settings import (
     ServerSettings,
     Settings,
@@ -108,9 +108,9 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     steps: list[PrefillObs] = []
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
-        prefills = task_prefill_obs(tasks, server) or prefills
-        decodes = decode_obs(tasks, server) or decodes
-        steps = progress_obs(tasks, server)
+        logged, steps, logged_decodes = server_obs(tasks, server)
+        prefills = logged or prefills
+        decodes = logged_decodes or decodes
     given = inputs.costs_file
     cal = fit([*prefills, *steps], decodes, server.n_ubatch,
               Costs().with_values(given.values, "given") if given is not None else None,

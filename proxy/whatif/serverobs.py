@@ -116,9 +116,20 @@ class _Day:
         return left, left_ms
 
 
+def server_obs(tasks: Sequence[Task], server: ServerSettings
+               ) -> tuple[list[PrefillObs], list[PrefillObs], list[DecodeObs]]:
+    """Each task's prompt (`task_prefill_obs`), each prompt-progress step, each decode window
+    (`decode_obs`) of one log, its cells placed once."""
+    day = _Day(tasks, server)
+    return _task_prefill(day, server), _progress(day, server), _decode(day, server)
+
+
 def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
     """One observation per task whose prompt was computed with no other prompt beside it."""
-    day = _Day(tasks, server)
+    return _task_prefill(_Day(tasks, server), server)
+
+
+def _task_prefill(day: _Day, server: ServerSettings) -> list[PrefillObs]:
     out = []
     for task in day.gen:
         p0, p1 = task.prefill_start_s, task.decode_start_s
@@ -134,12 +145,11 @@ def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[Pref
     return out
 
 
-def progress_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
+def _progress(day: _Day, server: ServerSettings) -> list[PrefillObs]:
     """One observation per iteration between two prompt-progress lines of a task (printed once a
     prompt has run 3 s, then at every iteration), with the tasks decoding beside it."""
-    day = _Day(tasks, server)
     out = []
-    for task in tasks:
+    for task in day.tasks:
         cache = task.cache_n or 0
         for (t0, n0), (t1, n1) in itertools.pairwise(task.progress):
             if n1 <= n0 or t1 <= t0 or day.prompt_beside(task, t0, t1) or day.changes(t0, t1):
@@ -155,7 +165,10 @@ def decode_obs(tasks: Sequence[Task], server: ServerSettings | None = None) -> l
     """One observation per window between two generation-progress lines of a task in which only
     decode steps ran: its steps, their mean time, the slots generating, the cells they attend and,
     with one shared KV (`server`), the cells of its span they read beyond those."""
-    day = _Day(tasks, server)
+    return _decode(_Day(tasks, server), server)
+
+
+def _decode(day: _Day, server: ServerSettings | None) -> list[DecodeObs]:
     n_batch = server.n_batch if server is not None else ServerSettings().n_batch
     out = []
     for task in day.streams:
