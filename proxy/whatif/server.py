@@ -307,12 +307,12 @@ class ServerModel:
             self.kv.place(slot.id, 1)
         for slot, n in runs:
             self.kv.place(slot.id, n)
-        return self._scanned(decoders, 1)
+        return self._scanned(decoders)
 
-    def _scanned(self, decoders: list[Slot], ahead: int) -> int:
-        """The span's cells beyond each decoder's own (with `ahead` of its tokens placed)."""
+    def _scanned(self, decoders: list[Slot]) -> int:
+        """The span's cells beyond each decoder's own (its step's token placed too)."""
         span = self.kv.span() if self.kv is not None else 0
-        return sum(max(0, span - s.held.n - ahead) for s in decoders) if span else 0
+        return sum(max(0, span - s.held.n - 1) for s in decoders) if span else 0
 
     def _post_decode(self, batch: _Batch, out: list[Happening]) -> None:
         runs = dict(batch.runs)
@@ -369,7 +369,7 @@ class ServerModel:
         attended = sum(s.held.n for s in decoders)
         growth = len(decoders)
         times = decode_steps_ms(self.costs, len(decoders), attended + growth, growth, steps - 1,
-                                self._scanned(decoders, 1))
+                                self._scanned(decoders))
         ends = batch.end + np.cumsum(times) / 1000.0
         taken = min(steps - 1, 1 + int(np.searchsorted(ends, horizon, side="left")))
         stamps = [batch.end, *ends[:taken - 1].tolist()]
