@@ -3,12 +3,17 @@ prefix, and the layout advice. Pieces are synthetic (a known cost shape); no ser
 
 from __future__ import annotations
 
-from proxy.bench.pieces import PieceCost, PieceFigures, fit_pieces, outlooks
+from pathlib import Path
+
+import pytest
+
+from proxy.bench.pieces import PieceCost, PieceFigures, costs_toml, fit_pieces, outlooks
 from proxy.bench.pieces_cli import advice_lines, fit_table
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.layout import ServerLayout
 from proxy.prefill.outlook import ChunkKnobs
 from proxy.prefill.strategy import Strategy
+from proxy.whatif.costs import load_costs
 from tests.test_batch_cost import CPU, GPU
 from tests.test_output import printed
 
@@ -26,6 +31,19 @@ def swept(truth: BatchCost, streams: int = 1) -> PieceFigures:
             figures.pieces.append(PieceCost(n, done, ms, ms + 8.0))
             done += n
     return figures
+
+
+def test_the_pieces_are_written_as_a_whatif_costs_file(tmp_path: Path) -> None:
+    figures = swept(CPU, streams=2)
+    path = tmp_path / "pieces.toml"
+    path.write_text(costs_toml(figures, "testbed small model", "-np 4 -kvu"))
+    given = load_costs(str(path))
+    assert [(p.tokens, p.prefix, p.decoders) for p in given.pieces] == [
+        (p.tokens, p.prefix, 2) for p in figures.pieces]
+    assert [p.prompt_ms for p in given.pieces] == pytest.approx(
+        [p.prompt_ms for p in figures.pieces], abs=0.01)
+    assert path.read_text().startswith("# slotwise bench pieces: testbed small model "
+                                       "(llama-server -np 4 -kvu), 2 streams decoding")
 
 
 def test_the_fit_finds_the_measured_shape() -> None:

@@ -19,7 +19,14 @@ from proxy.report.records import load_timing_log, parse_time
 from proxy.testbed.model import ModelFiles
 from proxy.whatif.calibrate import SCAN_SHARE, TILE_ROWS, DecodeObs, fit, prompt_obs
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
-from proxy.whatif.costs import Costs, CostsError, CostsFile, load_costs, parse_costs
+from proxy.whatif.costs import (
+    Costs,
+    CostsError,
+    CostsFile,
+    MeasuredPiece,
+    load_costs,
+    parse_costs,
+)
 from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.modelfile import kv_bytes_per_token
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
@@ -268,6 +275,49 @@ class TestCalibration:
                               n_ubatch=512, unified=True) for done in range(0, 16_942, 2048))
         assert alone == pytest.approx(77_256.0, rel=0.1)  # measured with three slots idle
         assert beside <= 1.15 * alone
+
+    def test_measured_pieces_price_the_small_pieces_a_day_of_whole_prompts_cannot(self) -> None:
+        """A day whose prompts are all 2,048-token batches of four micro-batches: what a
+        micro-batch costs by the context it reads (g) and what a token costs by its own (c) grow
+        together, and the fit puts it on c. `bench pieces`' pieces (64-512 tokens after 1,000 to
+        15,000) tell them apart: a 64-token piece after 14,000 is priced within 5 %."""
+        truth = Costs(fixed_ms=16.0, per_token_ms=0.6, per_token_per_kctx_ms=0.45,
+                      per_kctx_ms=24.0, step_ms=10.0)
+        server = ServerSettings(parallel=4, kv_unified=False, n_batch=2048, n_ubatch=512)
+
+        def alone(tokens: int, ctx: int) -> float:
+            return prompt_alone_ms(truth, tokens, ctx, n_batch=2048, n_ubatch=512, unified=False)
+
+        day = [prompt_obs(2048, ctx, alone(2048, ctx), 0.0, server)
+               for ctx in range(0, 16_384, 2048)]
+        pieces = [MeasuredPiece(n, x, alone(n, x), 0) for x in (1000, 5000, 10_000, 15_000)
+                  for n in (64, 128, 256, 512)]
+        measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server)
+                    for p in pieces]
+
+        def priced(costs: Costs) -> float:
+            return prompt_alone_ms(costs, 64, 14_000, n_batch=2048, n_ubatch=512, unified=False)
+
+        assert priced(fit(day, [], n_ubatch=512).costs) < 0.8 * alone(64, 14_000)
+        both = fit([*day, *measured], [], n_ubatch=512).costs
+        assert priced(both) == pytest.approx(alone(64, 14_000), rel=0.05)
+        assert alone(2048, 12_288) == pytest.approx(
+            prompt_alone_ms(both, 2048, 12_288, n_batch=2048, n_ubatch=512, unified=False), rel=0.05)
+
+    def test_pieces_given_with_costs_join_the_logs_prompts(self, tmp_path: Path) -> None:
+        path = tmp_path / "pieces.toml"
+        path.write_text("[measured]\npieces = [[64, 3000, 212.5, 3], [32, 3064, 301.0, 3]]\n")
+        given = load_costs(str(path))
+        assert given.pieces == (MeasuredPiece(64, 3000, 212.5, 3), MeasuredPiece(32, 3064, 301.0, 3))
+        prediction = played(loaded(field_scene()), costs=given)
+        note = next(n for n in prediction.calibration.notes if "measured pieces" in n)
+        assert note.startswith("prefill: fitted with 1 of the 2 measured pieces of --costs")
+        assert "under 64 tokens" in note
+        with pytest.raises(CostsError, match=r"measured\.pieces: expected rows \[tokens, tokens "
+                                             r"cached before, prompt_ms, slots decoding\]"):
+            parse_costs({"measured": {"pieces": [[64, 3000, 212.5]]}})
+        with pytest.raises(CostsError, match=r"measured\.pieces: tokens and prompt_ms must be"):
+            parse_costs({"measured": {"pieces": [[0, 3000, 212.5, 3]]}})
 
     def test_what_the_log_cannot_tell_is_said(self) -> None:
         bare = loaded(field_scene())  # no times at all

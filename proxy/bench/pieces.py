@@ -26,7 +26,11 @@ from proxy.prefill.outlook import ChunkKnobs, Situation, fitting_piece
 from proxy.prefill.strategy import PieceChoice, choose_piece
 from proxy.testbed.words import filler
 
-SIZES = (16, 32, 64, 128, 256)
+SIZES = (64, 128, 256, 512)
+"""`chunk`'s pieces are multiples of 64 tokens (`prefill.sizing.PIECE_ALIGN`). Under 64 rows a
+micro-batch takes ggml's one-row CPU attention instead of the 64-row tiled one (ggml-cpu/ops.cpp,
+`use_tiled`: `neq1 >= GGML_FA_TILE_Q`): on the testbed 32 tokens after 15,000 took 1.54 s, 64
+took 0.88 s."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,17 @@ def fit_pieces(figures: PieceFigures) -> BatchCostModel:
     for p in figures.pieces:
         model.observe_piece(p.tokens, p.prefix, p.prompt_ms, figures.streams)
     return model
+
+
+def costs_toml(figures: PieceFigures, where: str, server_args: str | None) -> str:
+    """The pieces as a `slotwise whatif --costs` file (`[measured] pieces`): the what-if fits them
+    beside its log's own prompts (proxy/whatif/costs.py)."""
+    flags = f" (llama-server {server_args})" if server_args else ""
+    rows = ",\n  ".join(f"[{p.tokens}, {p.prefix}, {p.prompt_ms:.2f}, {figures.streams}]"
+                        for p in figures.pieces)
+    return (f"# slotwise bench pieces: {where}{flags}, {figures.streams} streams decoding\n"
+            "# rows: [tokens, tokens cached before, the server's prompt_ms, slots decoding]\n"
+            f"[measured]\npieces = [\n  {rows},\n]\n")
 
 
 def outlooks(model: BatchCostModel, prefixes: Sequence[int], streams: int,

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from proxy.bench.pieces import (
     SIZES,
     PieceFigures,
     PrefixOutlook,
+    costs_toml,
     fit_pieces,
     measure,
     outlooks,
@@ -54,6 +56,10 @@ def add_pieces(commands: Any) -> None:
                         help="the testbed llama-server's flags (default "
                              f"{' '.join(SERVER_ARGS)!r}); not with --config")
     pieces.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    pieces.add_argument("--costs-out", metavar="FILE",
+                        help="write the pieces as a `slotwise whatif --costs` file: the what-if "
+                             "fits them with its log's prompts, which cannot price small pieces "
+                             "after a long prefix on their own")
     pieces.set_defaults(handler=run_pieces)
 
 
@@ -98,6 +104,14 @@ def run_pieces(args: argparse.Namespace) -> int:
                       "strategy": o.choice.strategy.value, "piece_tokens": o.choice.piece_tokens,
                       "reason": o.choice.reason} for o in seen],
         "layout_advice": layout_advice("chunk", layout)}, as_json=args.json)
+    if args.costs_out:
+        try:
+            Path(args.costs_out).write_text(costs_toml(figures, where, args.server_args
+                                                       if not args.config else None),
+                                            encoding="utf-8")
+        except OSError as exc:
+            print(f"slotwise: cannot write {args.costs_out}: {exc.strerror}", file=sys.stderr)
+            return 2
     print_table(fit_table(fitted.describe(), seen, knobs))
     for line in advice_lines(layout):
         print(line)

@@ -120,9 +120,11 @@ KEYS: dict[str, str] = {
     "server.copy_gb_s": "copy_gb_s",
     "server.piece_ms": "piece_ms",
 }
-MEASURED = ("prefill_rates", "decode_tok_s")
+MEASURED = ("prefill_rates", "decode_tok_s", "pieces")
 """[measured]: figures to fit costs from, as the field report gives them: `prefill_rates` rows of
-[tokens a batch advanced, prompt tokens/s], and `decode_tok_s` of one stream alone."""
+[tokens a batch advanced, prompt tokens/s], and `decode_tok_s` of one stream alone; or as
+`slotwise bench pieces --costs-out` measures them: `pieces` rows of [tokens, tokens cached before,
+prompt_ms, slots decoding meanwhile], each one batch, fitted together with the log's prompts."""
 
 
 def key_of(name: str) -> str:
@@ -135,6 +137,19 @@ class CostsFile:
     """Field name → value, for the keys given."""
     prefill_rates: tuple[tuple[int, float], ...] = ()
     decode_tok_s: float | None = None
+    pieces: tuple[MeasuredPiece, ...] = ()
+
+
+@dataclass(frozen=True)
+class MeasuredPiece:
+    """One batch of a fed prompt measured on the server (`slotwise bench pieces`)."""
+
+    tokens: int
+    prefix: int
+    """Tokens cached before it."""
+    prompt_ms: float
+    decoders: int
+    """Slots decoding a token in the same batch."""
 
 
 def load_costs(path: str) -> CostsFile:
@@ -166,8 +181,9 @@ def parse_costs(data: Mapping[str, Any]) -> CostsFile:
                 valid = ", ".join(k.split(".", 1)[1] for k in KEYS if k.startswith(table + "."))
                 raise CostsError(f"{dotted}: unknown key (valid: {valid})")
             values[KEYS[dotted]] = _number(dotted, value)
-    rates, decode = _measured(data.get("measured", {}))
-    return CostsFile(values, rates, decode)
+    measured = data.get("measured", {})
+    rates, decode = _measured(measured)
+    return CostsFile(values, rates, decode, _pieces(measured.get("pieces", [])))
 
 
 def _measured(body: Mapping[str, Any]) -> tuple[tuple[tuple[int, float], ...], float | None]:
@@ -185,6 +201,19 @@ def _measured(body: Mapping[str, Any]) -> tuple[tuple[tuple[int, float], ...], f
         raise CostsError("measured.prefill_rates: tokens and rates must be above 0")
     decode = body.get("decode_tok_s")
     return rates, None if decode is None else _number("measured.decode_tok_s", decode)
+
+
+def _pieces(rows: Any) -> tuple[MeasuredPiece, ...]:
+    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 4 for r in rows):
+        raise CostsError("measured.pieces: expected rows [tokens, tokens cached before, prompt_ms, "
+                         "slots decoding], e.g. [[64, 3000, 212.5, 3]]")
+    pieces = tuple(MeasuredPiece(int(_number("measured.pieces", n)),
+                                 int(_number("measured.pieces", x)),
+                                 _number("measured.pieces", ms), int(_number("measured.pieces", d)))
+                   for n, x, ms, d in rows)
+    if any(p.tokens < 1 or p.prompt_ms <= 0 for p in pieces):
+        raise CostsError("measured.pieces: tokens and prompt_ms must be above 0")
+    return pieces
 
 
 def _number(dotted: str, value: Any) -> float:

@@ -19,12 +19,14 @@ from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
 from proxy.whatif.calibrate import (
+    TILE_ROWS,
     Calibration,
     PrefillObs,
     fit,
     fit_rates,
     lora_switch_ms,
     observations,
+    prompt_obs,
 )
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.cutsizes import cut_sizes, seen_by_task
@@ -112,10 +114,19 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
         prefills = logged or prefills
         decodes = logged_decodes or decodes
     given = inputs.costs_file
-    cal = fit([*prefills, *steps], decodes, server.n_ubatch,
+    pieces = given.pieces if given is not None else ()
+    measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server)
+                for p in pieces if p.tokens >= TILE_ROWS]
+    cal = fit([*prefills, *steps, *measured], decodes, server.n_ubatch,
               Costs().with_values(given.values, "given") if given is not None else None,
               given.values if given is not None else ())
     cal.prefills, cal.steps = len(prefills), len(steps)
+    if pieces:
+        cal.notes.append(f"prefill: fitted with {len(measured)} of the {len(pieces)} measured "
+                         "pieces of --costs beside the log's prompts"
+                         + (f" (under {TILE_ROWS} tokens ggml's CPU attention takes a slower "
+                            "path than the tiled one the fit's form prices: left out)"
+                            if len(measured) < len(pieces) else ""))
     switch = lora_switch_ms(spans, cal.costs, server)
     if switch is not None:
         cal.costs = cal.costs.with_values({"lora_switch_ms": switch}, "log")
