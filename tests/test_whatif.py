@@ -310,6 +310,11 @@ class TestCalibration:
         given = load_costs(str(path))
         assert given.pieces == (MeasuredPiece(64, 3000, 212.5, 3), MeasuredPiece(32, 3064, 301.0, 3))
         prediction = played(loaded(field_scene()), costs=given)
+        chunked = played(loaded(field_scene()), "prefill.mode=chunk", costs=given)
+        assert not any("day without pieces" in n for n in chunked.notes)
+        bare = played(loaded(field_scene()), "prefill.mode=chunk", costs=None)
+        assert any(n.startswith("prefill.mode=chunk on a day without pieces") and
+                   "--costs-out FILE" in n for n in bare.notes)
         note = next(n for n in prediction.calibration.notes if "measured pieces" in n)
         assert note.startswith("prefill: fitted with 1 of the 2 measured pieces of --costs")
         assert "under 64 tokens" in note

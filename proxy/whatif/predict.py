@@ -158,7 +158,8 @@ def predict(inputs: Inputs) -> Prediction:
                    + [(str(r.get("start")), _line(r)) for r in (*workload.copied, *outcome.copied)])
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
                       outcome, time.perf_counter() - began,
-                      notes + outcome.notes + unmodelled(whatif, workload))
+                      notes + outcome.notes + unmodelled(whatif, workload)
+                      + unpriced_pieces(whatif, recorded, inputs.costs_file))
 
 
 def same_tasks(whatif: Settings, recorded: Settings) -> bool:
@@ -205,6 +206,17 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     if others:
         notes.append(f"{', '.join(others)}: no effect on what the model follows")
     return notes
+
+
+def unpriced_pieces(whatif: Settings, recorded: Settings, given: CostsFile | None) -> list[str]:
+    """Pieces asked of a day that had none, with no measured ones to price them by."""
+    if whatif.config.prefill.mode != "chunk" or recorded.config.prefill.mode == "chunk" \
+            or (given is not None and given.pieces):
+        return []
+    return ["prefill.mode=chunk on a day without pieces: its whole prompts cannot tell what a "
+            "small piece after a long prefix costs (on the testbed 15-30 % more than they price "
+            "it); measure them with `slotwise bench pieces --prefix 1000,5000,10000,15000 "
+            "--costs-out FILE` and give FILE with --costs"]
 
 
 def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
