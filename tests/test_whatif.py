@@ -15,9 +15,16 @@ import pytest
 
 from proxy.cli.main import main
 from proxy.config import Config
-from proxy.report.records import load_timing_log, parse_time
+from proxy.report.records import first_pieces, load_timing_log, parse_time, record_to_span
 from proxy.testbed.model import ModelFiles
-from proxy.whatif.calibrate import SCAN_SHARE, TILE_ROWS, DecodeObs, fit, prompt_obs
+from proxy.whatif.calibrate import (
+    SCAN_SHARE,
+    TILE_ROWS,
+    DecodeObs,
+    fit,
+    observations,
+    prompt_obs,
+)
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import (
     Costs,
@@ -178,6 +185,35 @@ class TestCalibration:
         assert prediction.costs.origin("step_ms") == "log"
         assert prediction.costs.step_ms == pytest.approx(TRUTH.step_ms, rel=0.15)
         assert prediction.costs.per_slot_ms == pytest.approx(TRUTH.per_slot_ms, rel=0.25)
+
+    def test_a_reply_beside_a_prompt_fed_in_pieces_is_no_decode_observation(self) -> None:
+        """The cold request's record shows its pieces only as a wait: taken as decode steps,
+        the stream's window beside them came out at 31 ms a step where the machine takes 25."""
+        calls = [record("stream", 0.0, "a", 300, 0, 1500), record("cold", 5.0, "b", 8000, 0, 50),
+                 record("after", 60.0, "a", 300, 0, 1500)]
+        log = as_log(played(loaded(calls), "prefill.mode=chunk"))
+        assert next(r for r in log if r["id"] == "cold")["pieces"] > 10
+        fed_from = first_pieces(log)
+        decodes = observations([record_to_span(r, fed_from) for r in log],
+                               ServerSettings(parallel=4, kv_unified=False))[1]
+        assert decodes
+        for d in decodes:
+            truth = TRUTH.step_ms + TRUTH.per_slot_ms * (d.slots - 1) + \
+                TRUTH.decode_per_kctx_ms * d.kctx
+            assert d.step_ms == pytest.approx(truth, rel=0.1)
+
+    def test_the_records_decodes_read_the_span_the_server_log_places(self) -> None:
+        """A server log with no window of decode steps alone (pieces in all of them): the
+        records' decodes are taken with the span its cells were placed in, and the span priced
+        at its share of the step."""
+        log = as_log(played(loaded([record("s", 0.0, "a", 300, 0, 400)])))
+        kvu = ServerSettings(parallel=4, kv_unified=True)
+        spans = [record_to_span(r) for r in log]
+        (plain,) = observations(spans, kvu)[1]
+        (spanned,) = observations(spans, kvu, lambda t: 18_000.0)[1]
+        assert plain.scanned == 0.0
+        assert spanned.scanned == pytest.approx(18.0 - spanned.kctx, rel=0.01)
+        assert fit([], [spanned], n_ubatch=512).costs.origin("decode_per_kv_ms") == "assumed"
 
     def test_a_lora_switch_is_found_in_prompts_that_follow_other_settings(self) -> None:
         loras = ([{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}])

@@ -111,9 +111,12 @@ def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: Server
                       others_kv if server.kv_unified else 0.0)
 
 
-def observations(spans: Sequence[Span], server: ServerSettings
+def observations(spans: Sequence[Span], server: ServerSettings,
+                 span_at: Callable[[float], float] | None = None
                  ) -> tuple[list[PrefillObs], list[DecodeObs]]:
-    """The clean prefills and decodes among `spans` (records or server tasks)."""
+    """The clean prefills and decodes among `spans` (records or server tasks). `span_at`: one
+    shared KV's span at a time of the spans' clock, where the server's log places its cells
+    (serverobs.kv_span): a decode's slots read it beyond their own cells."""
     index = SpanIndex(spans)
     prefills, decodes = [], []
     for span in spans:
@@ -131,8 +134,10 @@ def observations(spans: Sequence[Span], server: ServerSettings
             if clean is not None:
                 beside = _decoding(index, span, p1, end)
                 ctx = (span.cache_n or 0) + (computed or 0) + steps / 2
+                kv = span_at((p1 + end) / 2) if span_at is not None else 0.0
                 decodes.append(DecodeObs(clean[0], clean[1], 1.0 + beside,
-                                         ctx * (1.0 + beside) / 1000.0))
+                                         ctx * (1.0 + beside) / 1000.0,
+                                         max(0.0, kv - ctx) * (1.0 + beside) / 1000.0))
     return prefills, decodes
 
 
@@ -141,15 +146,19 @@ def _decode_apart(index: SpanIndex, span: Span, t0: float, t1: float, steps: int
     """A reply's decode steps and mean step time with the other prompts' prefills taken out: the
     time those prefills ran inside its window (their union) and one step per batch of theirs
     (its token rode in each). None when too little of the window, or too few steps, is left: a busy
-    day has few replies no prompt ran beside, but most run beside a prompt only part of the time."""
+    day has few replies no prompt ran beside, but most run beside a prompt only part of the time.
+    None too beside a prompt fed in pieces (from its first piece: `_computing`): the records do
+    not say which of its window's time was pieces and which the steps between them."""
     if t1 <= t0:
         return None
     spans: list[tuple[float, float]] = []
     batches = 0
     for other in index.active(t0, t1, span.key):
-        s, e = other.prefill_start, other.first_token
+        s, e = _computing(other)
         if s is None or e is None or e <= t0 or s >= t1 or e <= s:
             continue
+        if other.pieces:
+            return None  # its pieces and the pauses between them interleave: neither is known
         a, b = max(s, t0), min(e, t1)
         spans.append((a, b))
         share = (other.prompt_n or 0) * (b - a) / (e - s)
@@ -369,9 +378,17 @@ def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None,
     return costs
 
 
+def _computing(span: Span) -> tuple[float | None, float | None]:
+    """When the server computed the span's prompt: from its first piece (slotwise's `chunk` fed
+    the rest of its wait in pieces) or its prefill, to its first token."""
+    if span.prefill_start is None:
+        return None, span.first_token
+    return span.compute_start, span.first_token
+
+
 def _prefill_beside(index: SpanIndex, span: Span, t0: float, t1: float) -> bool:
     for other in index.active(t0, t1, span.key):
-        s, e = other.prefill_start, other.first_token
+        s, e = _computing(other)
         if s is not None and e is not None and s < t1 and e > t0:
             return True
     return False

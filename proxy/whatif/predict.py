@@ -15,12 +15,14 @@ import orjson
 
 from proxy.record.outcome import Outcome as RecordOutcome
 from proxy.record.schema import Record
-from proxy.report.records import COMPLETION_KINDS, RecordLine, record_to_span
+from proxy.report.model import Span
+from proxy.report.records import COMPLETION_KINDS, RecordLine, first_pieces, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
 from proxy.whatif.calibrate import (
     TILE_ROWS,
     Calibration,
+    DecodeObs,
     PrefillObs,
     fit,
     fit_rates,
@@ -29,12 +31,12 @@ from proxy.whatif.calibrate import (
     prompt_obs,
 )
 from proxy.whatif.costs import Costs, CostsFile
-from proxy.whatif.cutsizes import cut_sizes, seen_by_task
+from proxy.whatif.cutsizes import cut_sizes, log_offset, seen_by_task
 from proxy.whatif.kept import kept_bytes_per_token
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
-from proxy.whatif.serverobs import server_obs, used_before
+from proxy.whatif.serverobs import kv_span, server_obs, used_before
 from proxy.whatif.settings import (
     ServerSettings,
     Settings,
@@ -104,7 +106,8 @@ def read_server_log(inputs: Inputs) -> tuple[list[Task] | None, dict[str, tuple[
 
 def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | None) -> Calibration:
     """`tasks`: the server log's (`read_server_log`), None without one."""
-    spans = [record_to_span(r) for r in inputs.records
+    fed_from = first_pieces(inputs.records)
+    spans = [record_to_span(r, fed_from) for r in inputs.records
              if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
     prefills, decodes = observations(spans, server)
     steps: list[PrefillObs] = []
@@ -112,7 +115,7 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
         # the server's own times of its batches, where it has them, rather than the clients'
         logged, steps, logged_decodes = server_obs(tasks, server)
         prefills = logged or prefills
-        decodes = logged_decodes or decodes
+        decodes = logged_decodes or _spanned(decodes, spans, tasks, inputs.records, server)
     given = inputs.costs_file
     pieces = given.pieces if given is not None else ()
     measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server)
@@ -140,6 +143,17 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
         cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server, cal.costs)
         cal.costs = cal.costs.with_values(given.values, "given")
     return cal
+
+
+def _spanned(decodes: list[DecodeObs], spans: Sequence[Span], tasks: Sequence[Task],
+             records: Sequence[RecordLine], server: ServerSettings) -> list[DecodeObs]:
+    """The records' decodes, with one shared KV's span the server log places its cells in (a day
+    whose server log has no window of decode steps alone: pieces in every one)."""
+    offset = log_offset(tasks, records)
+    if not decodes or not server.kv_unified or offset is None:
+        return decodes
+    span = kv_span(tasks, server)
+    return observations(spans, server, lambda t: float(span(t + offset)))[1]
 
 
 def predict(inputs: Inputs) -> Prediction:
