@@ -51,7 +51,9 @@ def register(subparsers: Any) -> None:
                           "from the records)")
     cmd.add_argument("--costs", metavar="FILE",
                      help=f"costs to use instead of the calibrated ones (TOML: {', '.join(KEYS)}; "
-                          "or [measured] prefill_rates and decode_tok_s)")
+                          "or [measured] prefill_rates and decode_tok_s; or [measured] pieces "
+                          "from `slotwise bench pieces --costs-out`, fitted with the log's "
+                          "prompts: give them to predict chunk from a day without pieces)")
     cmd.add_argument("--costs-out", metavar="FILE", help="write the costs used, as a --costs file")
     cmd.add_argument("--check", metavar="MEASURED",
                      help="a timing log measured under the what-if's settings: compare, exit 1 if a "
