@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,6 @@ import orjson
 
 from proxy.record.outcome import Outcome as RecordOutcome
 from proxy.record.schema import Record
-from proxy.report.model import Span
 from proxy.report.records import COMPLETION_KINDS, RecordLine, first_pieces, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
@@ -36,7 +35,7 @@ from proxy.whatif.kept import kept_bytes_per_token
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
-from proxy.whatif.serverobs import kv_span, server_obs, used_before
+from proxy.whatif.serverobs import server_obs, used_before
 from proxy.whatif.settings import (
     ServerSettings,
     Settings,
@@ -109,13 +108,16 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     fed_from = first_pieces(inputs.records)
     spans = [record_to_span(r, fed_from) for r in inputs.records
              if r.get("kind") in COMPLETION_KINDS and r.get("outcome") == "done"]
-    prefills, decodes = observations(spans, server)
+    logged: list[PrefillObs] = []
     steps: list[PrefillObs] = []
+    logged_decodes: list[DecodeObs] = []
+    span_at = None
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
-        logged, steps, logged_decodes = server_obs(tasks, server)
-        prefills = logged or prefills
-        decodes = logged_decodes or _spanned(decodes, spans, tasks, inputs.records, server)
+        logged, steps, logged_decodes, span = server_obs(tasks, server)
+        span_at = _on_record_clock(span, tasks, inputs.records)
+    prefills, decodes = observations(spans, server, span_at)
+    prefills, decodes = logged or prefills, logged_decodes or decodes
     given = inputs.costs_file
     pieces = given.pieces if given is not None else ()
     measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server)
@@ -145,15 +147,15 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     return cal
 
 
-def _spanned(decodes: list[DecodeObs], spans: Sequence[Span], tasks: Sequence[Task],
-             records: Sequence[RecordLine], server: ServerSettings) -> list[DecodeObs]:
-    """The records' decodes, with one shared KV's span the server log places its cells in (a day
-    whose server log has no window of decode steps alone: pieces in every one)."""
-    offset = log_offset(tasks, records)
-    if not decodes or not server.kv_unified or offset is None:
-        return decodes
-    span = kv_span(tasks, server)
-    return observations(spans, server, lambda t: float(span(t + offset)))[1]
+def _on_record_clock(span: Callable[[float], int] | None, tasks: Sequence[Task],
+                     records: Sequence[RecordLine]) -> Callable[[float], float] | None:
+    """One shared KV's span as the server log places its cells, at a time of the records' clock:
+    the records' decodes read it, for a day whose server log has no window of decode steps alone
+    (pieces in every one)."""
+    offset = log_offset(tasks, records) if span is not None else None
+    if span is None or offset is None:
+        return None
+    return lambda t: float(span(t + offset))
 
 
 def predict(inputs: Inputs) -> Prediction:

@@ -117,11 +117,13 @@ class _Day:
 
 
 def server_obs(tasks: Sequence[Task], server: ServerSettings
-               ) -> tuple[list[PrefillObs], list[PrefillObs], list[DecodeObs]]:
+               ) -> tuple[list[PrefillObs], list[PrefillObs], list[DecodeObs],
+                          Callable[[float], int] | None]:
     """Each task's prompt (`task_prefill_obs`), each prompt-progress step, each decode window
-    (`decode_obs`) of one log, its cells placed once."""
+    (`decode_obs`) of one log, and one shared KV's span through it (`kv_span`; None with a KV per
+    slot): its cells placed once."""
     day = _Day(tasks, server)
-    return _task_prefill(day, server), _progress(day, server), _decode(day, server)
+    return _task_prefill(day, server), _progress(day, server), _decode(day, server), day.span
 
 
 def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
