@@ -44,6 +44,8 @@ def test_the_pieces_are_written_as_a_whatif_costs_file(tmp_path: Path) -> None:
         [p.prompt_ms for p in figures.pieces], abs=0.01)
     assert path.read_text().startswith("# slotwise bench pieces: testbed small model "
                                        "(llama-server -np 4 -kvu), 2 streams decoding")
+    path.write_text(costs_toml(PieceFigures(streams=2), "testbed small model", None))
+    assert load_costs(str(path)).pieces == ()
 
 
 def test_the_fit_finds_the_measured_shape() -> None:

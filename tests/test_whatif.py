@@ -6,6 +6,7 @@ settings reproducing its log, slotwise's own policies inside it, the command lin
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,9 @@ class TestCalibration:
         (spanned,) = observations(spans, kvu, lambda t: 18_000.0)[1]
         assert plain.scanned == 0.0
         assert spanned.scanned == pytest.approx(18.0 - spanned.kctx, rel=0.01)
-        assert fit([], [spanned], n_ubatch=512).costs.origin("decode_per_kv_ms") == "assumed"
+        costs = fit([], [spanned], n_ubatch=512).costs
+        assert costs.origin("decode_per_kv_ms") == "assumed"
+        assert costs.decode_per_kv_ms == pytest.approx(SCAN_SHARE * costs.step_ms)
 
     def test_a_lora_switch_is_found_in_prompts_that_follow_other_settings(self) -> None:
         loras = ([{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}])
@@ -359,6 +362,16 @@ class TestCalibration:
             parse_costs({"measured": {"pieces": [[64, 3000, 212.5]]}})
         with pytest.raises(CostsError, match=r"measured\.pieces: tokens and prompt_ms must be"):
             parse_costs({"measured": {"pieces": [[0, 3000, 212.5, 3]]}})
+        with pytest.raises(CostsError, match=r"measured\.pieces row 2: expected whole numbers"):
+            parse_costs({"measured": {"pieces": [[64, 0, 9.0, 1], [64.5, 0, 9.0, 1]]}})
+        for bad in (math.nan, math.inf):
+            with pytest.raises(CostsError, match=r"measured\.pieces row 1: expected a number >= 0"):
+                parse_costs({"measured": {"pieces": [[64, 0, bad, 1]]}})
+        with pytest.raises(CostsError, match=r"measured\.pieces: expected rows"):
+            parse_costs({"measured": {"pieces": "64, 3000, 212.5, 3"}})
+        small = CostsFile(values={}, pieces=(MeasuredPiece(32, 3000, 300.0, 3),))
+        unpriced = played(loaded(field_scene()), "prefill.mode=chunk", costs=small)
+        assert any(n.startswith("prefill.mode=chunk on a day without pieces") for n in unpriced.notes)
 
     def test_what_the_log_cannot_tell_is_said(self) -> None:
         bare = loaded(field_scene())  # no times at all

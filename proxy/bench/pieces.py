@@ -86,11 +86,11 @@ def costs_toml(figures: PieceFigures, where: str, server_args: str | None) -> st
     """The pieces as a `slotwise whatif --costs` file (`[measured] pieces`): the what-if fits them
     beside its log's own prompts (proxy/whatif/costs.py)."""
     flags = f" (llama-server {server_args})" if server_args else ""
-    rows = ",\n  ".join(f"[{p.tokens}, {p.prefix}, {p.prompt_ms:.2f}, {figures.streams}]"
-                        for p in figures.pieces)
+    rows = "".join(f"  [{p.tokens}, {p.prefix}, {p.prompt_ms:.2f}, {figures.streams}],\n"
+                   for p in figures.pieces)
     return (f"# slotwise bench pieces: {where}{flags}, {figures.streams} streams decoding\n"
             "# rows: [tokens, tokens cached before, the server's prompt_ms, slots decoding]\n"
-            f"[measured]\npieces = [\n  {rows},\n]\n")
+            f"[measured]\npieces = [\n{rows}]\n")
 
 
 def outlooks(model: BatchCostModel, prefixes: Sequence[int], streams: int,

@@ -71,6 +71,12 @@ def run_pieces(args: argparse.Namespace) -> int:
         print("slotwise: --sizes and --prefix need at least one number >= 1 each, --streams must "
               "be >= 0", file=sys.stderr)
         return 2
+    if args.costs_out:  # before minutes of measuring, not after
+        try:
+            Path(args.costs_out).touch()
+        except OSError as exc:
+            print(f"slotwise: cannot write {args.costs_out}: {exc.strerror}", file=sys.stderr)
+            return 2
     prefill = PrefillConfig()
     console = Console(stderr=True)
     with contextlib.ExitStack() as stack:

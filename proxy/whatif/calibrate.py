@@ -380,7 +380,8 @@ def fit_rates(rates: Iterable[tuple[int, float]], decode_tok_s: float | None,
 
 def _computing(span: Span) -> tuple[float | None, float | None]:
     """When the server computed the span's prompt: from its first piece (slotwise's `chunk` fed
-    the rest of its wait in pieces) or its prefill, to its first token."""
+    the rest of its wait in pieces) or its prefill, to its first token. A span with no prefill
+    start (it never reached the server) computed nothing, pieces or not."""
     if span.prefill_start is None:
         return None, span.first_token
     return span.compute_start, span.first_token

@@ -14,6 +14,7 @@ own slot's, + per_kv·(cells of the span each scans beyond its own)/1000 with on
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -181,42 +182,48 @@ def parse_costs(data: Mapping[str, Any]) -> CostsFile:
                 valid = ", ".join(k.split(".", 1)[1] for k in KEYS if k.startswith(table + "."))
                 raise CostsError(f"{dotted}: unknown key (valid: {valid})")
             values[KEYS[dotted]] = _number(dotted, value)
-    measured = data.get("measured", {})
-    rates, decode = _measured(measured)
-    return CostsFile(values, rates, decode, _pieces(measured.get("pieces", [])))
+    return CostsFile(values, *_measured(data.get("measured", {})))
 
 
-def _measured(body: Mapping[str, Any]) -> tuple[tuple[tuple[int, float], ...], float | None]:
+def _measured(body: Mapping[str, Any]
+              ) -> tuple[tuple[tuple[int, float], ...], float | None, tuple[MeasuredPiece, ...]]:
+    """(prefill_rates, decode_tok_s, pieces) of the [measured] table."""
     for key in body:
         if key not in MEASURED:
             raise CostsError(f"measured.{key}: unknown key (valid: {', '.join(MEASURED)})")
-    rows = body.get("prefill_rates", [])
-    if not isinstance(rows, list) or not all(
-            isinstance(r, list) and len(r) == 2 for r in rows):
-        raise CostsError("measured.prefill_rates: expected rows [tokens, tokens_per_s], e.g. "
-                         "[[2048, 845], [400, 719]]")
-    rates = tuple((int(_number("measured.prefill_rates", n)),
-                   _number("measured.prefill_rates", r)) for n, r in rows)
+    rates = tuple((int(n), r) for n, r in _rows(
+        body, "prefill_rates", (True, False),
+        "[tokens, tokens_per_s], e.g. [[2048, 845], [400, 719]]"))
     if any(n < 1 or r <= 0 for n, r in rates):
         raise CostsError("measured.prefill_rates: tokens and rates must be above 0")
-    decode = body.get("decode_tok_s")
-    return rates, None if decode is None else _number("measured.decode_tok_s", decode)
-
-
-def _pieces(rows: Any) -> tuple[MeasuredPiece, ...]:
-    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 4 for r in rows):
-        raise CostsError("measured.pieces: expected rows [tokens, tokens cached before, prompt_ms, "
-                         "slots decoding], e.g. [[64, 3000, 212.5, 3]]")
-    pieces = tuple(MeasuredPiece(int(_number("measured.pieces", n)),
-                                 int(_number("measured.pieces", x)),
-                                 _number("measured.pieces", ms), int(_number("measured.pieces", d)))
-                   for n, x, ms, d in rows)
+    pieces = tuple(MeasuredPiece(int(n), int(x), ms, int(d)) for n, x, ms, d in _rows(
+        body, "pieces", (True, True, False, True),
+        "[tokens, tokens cached before, prompt_ms, slots decoding], e.g. [[64, 3000, 212.5, 3]]"))
     if any(p.tokens < 1 or p.prompt_ms <= 0 for p in pieces):
         raise CostsError("measured.pieces: tokens and prompt_ms must be above 0")
-    return pieces
+    decode = body.get("decode_tok_s")
+    return rates, None if decode is None else _number("measured.decode_tok_s", decode), pieces
+
+
+def _rows(body: Mapping[str, Any], key: str, whole: tuple[bool, ...], shape: str
+          ) -> list[tuple[float, ...]]:
+    """The rows of `measured.KEY`, each of `len(whole)` numbers >= 0, those marked whole counts."""
+    dotted = f"measured.{key}"
+    rows = body.get(key, [])
+    if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == len(whole) for r in rows):
+        raise CostsError(f"{dotted}: expected rows {shape}")
+    out = []
+    for i, row in enumerate(rows, 1):
+        values = tuple(_number(f"{dotted} row {i}", v) for v in row)
+        if any(w and not v.is_integer() for w, v in zip(whole, values, strict=True)):
+            raise CostsError(f"{dotted} row {i}: expected whole numbers of tokens and slots, "
+                             f"got {row!r}")
+        out.append(values)
+    return out
 
 
 def _number(dotted: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise CostsError(f"{dotted}: expected a number >= 0, got {value!r}")
     return float(value)

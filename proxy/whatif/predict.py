@@ -111,7 +111,7 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     logged: list[PrefillObs] = []
     steps: list[PrefillObs] = []
     logged_decodes: list[DecodeObs] = []
-    span_at = None
+    span_at = span = None
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
         logged, steps, logged_decodes, span = server_obs(tasks, server)
@@ -126,6 +126,10 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
               Costs().with_values(given.values, "given") if given is not None else None,
               given.values if given is not None else ())
     cal.prefills, cal.steps = len(prefills), len(steps)
+    if decodes and not logged_decodes and span is not None and span_at is None:
+        cal.notes.append("decode: the records' replies could not be placed on the server log's "
+                         "clock (no request of a size only one task had): the shared KV's span "
+                         "they read is not known, and not priced")
     if pieces:
         cal.notes.append(f"prefill: fitted with {len(measured)} of the {len(pieces)} measured "
                          "pieces of --costs beside the log's prompts"
@@ -175,7 +179,7 @@ def predict(inputs: Inputs) -> Prediction:
     return Prediction([line for _, line in lines], recorded, whatif, cal.costs, cal, workload,
                       outcome, time.perf_counter() - began,
                       notes + outcome.notes + unmodelled(whatif, workload)
-                      + unpriced_pieces(whatif, recorded, inputs.costs_file))
+                      + unpriced_pieces(whatif, inputs.records, inputs.costs_file))
 
 
 def same_tasks(whatif: Settings, recorded: Settings) -> bool:
@@ -224,10 +228,12 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     return notes
 
 
-def unpriced_pieces(whatif: Settings, recorded: Settings, given: CostsFile | None) -> list[str]:
-    """Pieces asked of a day that had none, with no measured ones to price them by."""
-    if whatif.config.prefill.mode != "chunk" or recorded.config.prefill.mode == "chunk" \
-            or (given is not None and given.pieces):
+def unpriced_pieces(whatif: Settings, records: Sequence[RecordLine],
+                    given: CostsFile | None) -> list[str]:
+    """Pieces asked of a day that fed none, with no measured ones (of `TILE_ROWS` tokens or more)
+    to price them by."""
+    if whatif.config.prefill.mode != "chunk" or any(r.get("pieces") for r in records) \
+            or (given is not None and any(p.tokens >= TILE_ROWS for p in given.pieces)):
         return []
     return ["prefill.mode=chunk on a day without pieces: its whole prompts cannot tell what a "
             "small piece after a long prefix costs (on the testbed 15-30 % more than they price "
