@@ -28,7 +28,7 @@ from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
-from proxy.prefill.sizing import FIRST_PIECE_MAX, next_upto, pause_s
+from proxy.prefill.sizing import FIRST_PIECE_MAX, absorb_tail, next_upto, pause_s
 from proxy.prefill.strategy import Strategy, choose_piece
 from proxy.record.flight import Phase
 
@@ -133,14 +133,15 @@ class TestRule1ColdOrNot:
         """On a machine whose batches cost 500 ms before their first token (then 1 ms a token),
         600 tokens beside a stream: a chat turn, cold by its stall, finds no piece size that
         catches up and goes whole (1.1 s of stall); a background job goes in 64-token pieces to
-        its end (564 ms each), each followed by `prefill_share`'s pause."""
+        its end (564 ms each), each followed by `prefill_share`'s pause; the last one takes the
+        24 tokens a 64-token piece would leave, but one (rule 18)."""
         chat_pieces, chat = self.fed_beside_a_stream(background=False)
         assert chat_pieces == [] and "no piece size catches up" in chat.reason
         pieces, release = self.fed_beside_a_stream(background=True)
         assert release.reason.startswith(
             "cold: a background job: sent whole, its 600 new tokens would stall 1 generating "
-            "for ~1.1 s (over 2 × max_stall_ms); rest fits one piece after 9 pieces")
-        assert set(pieces) == {64} and sum(pieces) == 576
+            "for ~1.1 s (over 2 × max_stall_ms); rest fits one piece after 9 pieces (599 tokens fed)")
+        assert pieces == [64] * 8 + [87]
 
     def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
         """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
@@ -419,10 +420,11 @@ class TestRule6Chunk:
             assert p.on_tick(now + 0.76) == []
             now += 0.768
             upto += 256
-            assert p.on_tick(now) == [FeedPiece("c", upto)]
-        # 2600 - 2560 = 40 left: no more pieces, the real request goes.
-        assert p.on_piece_done("c", 256, 256.0, now + 0.256) == [
-            Forward("c", "rest fits one piece after 10 pieces (2560 tokens fed)")]
+            # rule 18: the last piece takes the 40 tokens it would leave, all but one
+            assert p.on_tick(now) == [FeedPiece("c", upto if upto < 2560 else 2599)]
+        # 2600 - 2599 = 1 left: no more pieces, the real request computes one token.
+        assert p.on_piece_done("c", 295, 295.0, now + 0.295) == [
+            Forward("c", "rest fits one piece after 10 pieces (2599 tokens fed)")]
         assert ("c", Phase.QUEUED) in p.snapshot().in_flight
 
     def test_pieces_go_on_under_cold_tokens(self) -> None:
@@ -1300,3 +1302,47 @@ class TestRule17FirstPieceGoesWhereTheWholePromptWould:
         busy(p)
         assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT, first_upto=5500))[-1] == "Restore"
         assert p.on_restored("r", 1000, 0.5)[-1] == FeedPiece("r", 5056)  # not 5504
+
+
+class TestRule18NoRestUnderATile:
+    """Pieces end on multiples of 64, prompts do not: the piece that would leave fewer than
+    TILE_ROWS tokens takes them, all but one (the real request computes one token, as a decode
+    token costs), since ggml's CPU flash attention computes a smaller batch row by row."""
+
+    def fed(self, prompt: int, *, busy_server: bool = True) -> list[int]:
+        """The piece ends of a `prompt`-token cold request fed in 256-token pieces, to its release."""
+        p = policy(tps=1000.0, cold_tokens=32)
+        if busy_server:
+            busy(p)
+        decided = p.on_arrival("c", prompt, prompt, 0.0)
+        ends, now, done = [], 0.0, 0
+        while True:
+            sent = [d for d in decided if isinstance(d, FeedPiece | Forward | Admit)]
+            if sent and not isinstance(sent[0], FeedPiece):
+                return ends
+            if sent:
+                assert isinstance(sent[0], FeedPiece)
+                ends.append(sent[0].upto_tokens)
+                piece, done = sent[0].upto_tokens - done, sent[0].upto_tokens
+                now += piece / 1000.0
+                decided = p.on_piece_done("c", piece, float(piece), now)
+            else:
+                now = max(now + 0.001, p.next_wakeup() or now + 1.0)
+                decided = p.on_tick(now)
+
+    def test_the_last_piece_takes_a_short_rest_but_one_token(self) -> None:
+        assert self.fed(1300) == [256, 512, 768, 1024, 1299]  # 1280 would leave 20
+
+    def test_a_rest_of_a_tile_or_more_is_left_as_it_is(self) -> None:
+        assert self.fed(1344) == [256, 512, 768, 1024, 1280]  # 64 left: the real request's
+
+    def test_on_an_idle_server_too(self) -> None:
+        """Rule 7's 1,024-token pieces: 8,192 would leave 38."""
+        assert self.fed(8230, busy_server=False)[-2:] == [7168, 8229]
+
+    def test_absorb_tail(self) -> None:
+        assert absorb_tail(1280, 1300, leave=1) == 1299
+        assert absorb_tail(1280, 1300, leave=0) == 1300
+        assert absorb_tail(1280, 1344, leave=1) == 1280
+        assert absorb_tail(1300, 1300, leave=1) == 1300  # nothing left: as it was
+        assert absorb_tail(1299, 1300, leave=1) == 1299

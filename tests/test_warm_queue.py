@@ -427,3 +427,24 @@ class TestRule11FirstPieceGoesWhereThePrefixWould:
         q.submit(WarmUp(id="w", client=None, ids=conv(800), cached=0, submitted=0.0,
                         first_upto=210), KNOBS, 0.0)
         assert feed(q, BUSY).upto == 128  # 256 would be over a quarter of the prefix
+
+
+class TestRule12NoPieceLeavesLessThanATile:
+    def test_the_last_piece_takes_a_short_rest(self) -> None:
+        """128-token pieces of a 560-token prefix: 512 would leave 48, so that piece ends at 560."""
+        q = WarmQueue()
+        q.submit(warm("w", conv(560)), KNOBS, 0.0)
+        ends = []
+        for i in range(4):
+            ends.append(feed(q, BUSY, now=10.0 * i).upto)
+            run_piece(q, "w", now=10.0 * i + 1.0)
+        assert ends == [128, 256, 384, 560]
+        assert q.warmups["w"].outcome is Outcome.DONE
+
+    def test_a_rest_of_a_tile_is_left_for_the_next_piece(self) -> None:
+        q = WarmQueue()
+        q.submit(warm("w", conv(576)), KNOBS, 0.0)
+        for i in range(3):
+            feed(q, BUSY, now=10.0 * i)
+            run_piece(q, "w", now=10.0 * i + 1.0)
+        assert feed(q, BUSY, now=30.0).upto == 512

@@ -16,11 +16,11 @@ import pytest
 
 from proxy.cli.main import main
 from proxy.config import Config
+from proxy.prefill.sizing import TILE_ROWS
 from proxy.report.records import first_pieces, load_timing_log, parse_time, record_to_span
 from proxy.testbed.model import ModelFiles
 from proxy.whatif.calibrate import (
     SCAN_SHARE,
-    TILE_ROWS,
     DecodeObs,
     fit,
     observations,

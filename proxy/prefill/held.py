@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.events import Admit, Arrived, Forward
-from proxy.prefill.sizing import first_piece_end, next_upto
+from proxy.prefill.sizing import absorb_tail, first_piece_end, next_upto
 from proxy.prefill.snapshot import ChunkProgress
 from proxy.prefill.strategy import PieceChoice, Strategy
 
@@ -53,11 +53,13 @@ class HeldRequest:
 
     def piece_end(self, piece: int) -> int:
         """Where its next piece of about `piece` tokens ends (rule 17: a first piece reaches
-        `first_upto`, within bounds)."""
+        `first_upto`, within bounds; rule 18: a rest of under TILE_ROWS goes with it, but one
+        token)."""
+        total = self.req.est_prompt_tokens
         upto = next_upto(self.done_upto, piece)
-        if self.has_slot:
-            return upto
-        return first_piece_end(upto, self.req.first_upto, self.req.est_prompt_tokens)
+        if not self.has_slot:
+            upto = first_piece_end(upto, self.req.first_upto, total)
+        return absorb_tail(upto, total, leave=1)
 
     def alone_ms(self, cost: BatchCost, n_batch: int) -> float:
         """Its new tokens' time with nobody else on the server, as the batch cost predicts it."""

@@ -175,6 +175,12 @@ class PrefillPolicy:
         taking the slot of a plan fed in pieces (bench day: `bob-0`'s 128-token first piece, 23
         tokens shared, took `ann-0`'s slot, and ann's 1,998 tokens cost 2,496-2,624 computed).
         Past the floor it goes where the whole prompt would.
+    18. A piece never leaves a rest of under TILE_ROWS tokens (`sizing.absorb_tail`): it takes
+        all of it but one token. ggml's CPU flash attention computes a batch of fewer rows one row
+        at a time (bench day: `ann-5`'s last 47 tokens, after 2,432 fed, took 733 ms beside three
+        streams, a 64-token piece there ~250 ms); one token left is one row, the price of a decode
+        token. Pieces end on multiples of 64 and prompts do not, so without this every plan's
+        rest was such a batch.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from proxy.prefill.events import Load, Sizer
-from proxy.prefill.sizing import first_piece_end, next_upto, pause_s
+from proxy.prefill.sizing import absorb_tail, first_piece_end, next_upto, pause_s
 from proxy.record.outcome import Outcome
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
@@ -76,6 +76,9 @@ class WarmQueue:
         multiple of 64, when that is at most FIRST_PIECE_MAX and a quarter of the prefix), as a
         cold request's does (the prefill policy's rule 17): shorter, llama-server would place it
         by its similarity into the slot of another prompt it shares the chat template's head with.
+    12. No piece leaves fewer than TILE_ROWS tokens of the prefix after it (`sizing.absorb_tail`):
+        they go with it, as a cold request's rest does (the prefill policy's rule 18): a batch of
+        fewer rows costs several times more on CPU.
     """
 
     warmups: dict[str, WarmUp] = field(default_factory=dict)
@@ -124,7 +127,7 @@ class WarmQueue:
         upto = end if warm.done_upto + piece >= end else next_upto(warm.done_upto, piece)
         if warm.pieces == 0 and not warm.restored:  # rule 11
             upto = first_piece_end(upto, warm.first_upto, end)
-        warm.piece_upto = upto
+        warm.piece_upto = absorb_tail(upto, end, leave=0)  # rule 12
         if warm.started is None:
             warm.started = now
         return [*out, Feed(warm.id, warm.piece_upto)]

@@ -25,6 +25,7 @@ import numpy as np
 
 from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row
 from proxy.prefill.nnls import nonnegative_lstsq
+from proxy.prefill.sizing import TILE_ROWS
 from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
 from proxy.whatif.costs import Costs
@@ -45,11 +46,6 @@ SCAN_SHARE = 0.009
 testbed three streams' steps in a span of ~17,400 cells took 16.5 ms against 11.3 ms in one of a
 few hundred (`bench contention --scenario field`, direct: 0.0090), and 1.31-1.37× beside a
 12,309-token prompt held in another slot (`bench kv`: ~0.0085)."""
-TILE_ROWS = 64
-"""Rows of queries ggml's CPU flash attention computes together (ggml-cpu/ops.cpp,
-flash_attn_ext_tiled): a decode token riding in a prompt's micro-batch costs its cells at as many
-rows' price (`Costs.per_decoder_kctx_ms`)."""
-
 
 @dataclass(frozen=True)
 class PrefillObs:

@@ -13,13 +13,13 @@ from typing import Any
 
 import orjson
 
+from proxy.prefill.sizing import TILE_ROWS
 from proxy.record.outcome import Outcome as RecordOutcome
 from proxy.record.schema import Record
 from proxy.report.records import COMPLETION_KINDS, RecordLine, first_pieces, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
 from proxy.whatif.calibrate import (
-    TILE_ROWS,
     Calibration,
     DecodeObs,
     PrefillObs,
