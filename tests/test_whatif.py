@@ -343,6 +343,61 @@ class TestCalibration:
         assert alone(2048, 12_288) == pytest.approx(
             prompt_alone_ms(both, 2048, 12_288, n_batch=2048, n_ubatch=512, unified=False), rel=0.05)
 
+    def test_a_micro_batch_under_a_tile_is_priced_row_by_row(self) -> None:
+        """ggml's CPU flash attention computes fewer than 64 rows one at a time: each prompt token
+        of such a micro-batch pays its own cells at `narrow_per_row_kctx_ms`; decode tokens in it
+        are decode rows (no tile price for their cells)."""
+        costs = Costs(fixed_ms=20.0, per_token_ms=0.6, per_token_per_kctx_ms=0.2, per_kctx_ms=30.0,
+                      per_decoder_kctx_ms=12.0, narrow_per_row_kctx_ms=4.8, step_ms=10.0)
+        tiled = dataclasses.replace(costs, narrow_per_row_kctx_ms=0.0)
+
+        def extra(decode: list[int], run: PromptRun, unified: bool = True) -> float:
+            return (batch_ms(costs, decode, [run], n_ubatch=512, unified=unified)
+                    - batch_ms(tiled, decode, [run], n_ubatch=512, unified=unified))
+
+        assert extra([], PromptRun(54, 3093)) == pytest.approx(4.8 * 54 * (3093 + 27) / 1000)
+        assert extra([], PromptRun(64, 3093)) == 0.0
+        assert extra([2000] * 3, PromptRun(54, 3093)) == pytest.approx(4.8 * 54 * 3.12)
+        assert extra([2000] * 3, PromptRun(61, 3093)) == 0.0  # 64 rows: tiled
+        untiled = dataclasses.replace(tiled, per_decoder_kctx_ms=0.0)
+
+        def tile_price(tokens: int) -> float:  # of the decoders' 6,000 cells, at 12 ms per 1,000
+            run = [PromptRun(tokens, 3093)]
+            return (batch_ms(tiled, [2000] * 3, run, n_ubatch=512, unified=True)
+                    - batch_ms(untiled, [2000] * 3, run, n_ubatch=512, unified=True))
+
+        assert tile_price(61) == pytest.approx(72.0)
+        assert tile_price(54) == 0.0  # 57 rows: the decode tokens are decode rows
+        # a KV per slot: a 530-token prompt's second micro-batch holds 18 of its tokens
+        assert extra([], PromptRun(530, 1000), unified=False) == pytest.approx(
+            4.8 * 18 * (1000 + 530 - 9) / 1000)
+
+    def test_the_row_by_row_price_is_fitted_from_the_days_short_prompts(self) -> None:
+        """Follow-up turns of 40-60 new tokens after 1,000-7,000 cached, as a `bench day` has
+        many, beside whole prompts: the fit finds the price they took beyond the tiled one and
+        prices such a turn within 5 %; a day without them says so and prices them as tiled."""
+        truth = Costs(fixed_ms=16.0, per_token_ms=0.6, per_token_per_kctx_ms=0.45,
+                      per_kctx_ms=24.0, narrow_per_row_kctx_ms=4.8, step_ms=10.0)
+        server = ServerSettings(parallel=4, kv_unified=False, n_batch=2048, n_ubatch=512)
+
+        def took(tokens: int, ctx: int) -> float:
+            return batch_ms(truth, (), [PromptRun(tokens, ctx)], n_ubatch=512, unified=False)
+
+        day = [prompt_obs(2048, ctx, prompt_alone_ms(truth, 2048, ctx, n_batch=2048, n_ubatch=512,
+                                                     unified=False), 0.0, server)
+               for ctx in range(0, 16_384, 2048)]
+        turns = [prompt_obs(n, ctx, took(n, ctx), 0.0, server)
+                 for n, ctx in ((47, 1100), (54, 2400), (58, 3100), (52, 4800), (41, 6600))]
+        cal = fit([*day, *turns], [], n_ubatch=512)
+        assert cal.narrow == 5
+        assert cal.costs.origin("narrow_per_row_kctx_ms") == "log"
+        assert batch_ms(cal.costs, (), [PromptRun(54, 3093)], n_ubatch=512,
+                        unified=False) == pytest.approx(took(54, 3093), rel=0.05)
+        without = fit(day, [], n_ubatch=512)
+        assert without.costs.narrow_per_row_kctx_ms == 0.0
+        assert any(n.startswith("prefill.narrow_per_row_kctx_ms: under 3 prompts")
+                   for n in without.notes)
+
     def test_pieces_given_with_costs_join_the_logs_prompts(self, tmp_path: Path) -> None:
         path = tmp_path / "pieces.toml"
         path.write_text("[measured]\npieces = [[64, 3000, 212.5, 3], [32, 3064, 301.0, 3]]\n")
@@ -355,8 +410,8 @@ class TestCalibration:
         assert any(n.startswith("prefill.mode=chunk on a day without pieces") and
                    "--costs-out FILE" in n for n in bare.notes)
         note = next(n for n in prediction.calibration.notes if "measured pieces" in n)
-        assert note.startswith("prefill: fitted with 1 of the 2 measured pieces of --costs")
-        assert "under 64 tokens" in note
+        assert note.startswith("prefill: fitted with the 2 measured pieces of --costs")
+        assert "1 under 64 tokens" in note
         with pytest.raises(CostsError, match=r"measured\.pieces: expected rows \[tokens, tokens "
                                              r"cached before, prompt_ms, slots decoding\]"):
             parse_costs({"measured": {"pieces": [[64, 3000, 212.5]]}})

@@ -30,7 +30,7 @@ from proxy.report.model import Span
 from proxy.report.spanindex import SpanIndex
 from proxy.whatif.costs import Costs
 from proxy.whatif.settings import ServerSettings
-from proxy.whatif.stepcost import prompt_alone_ms
+from proxy.whatif.stepcost import PromptRun, narrow_kcells, prompt_alone_ms
 
 MIN_PROMPT = 256
 """Shorter prompts are mostly per-request work (the prefill policy learns from none either)."""
@@ -64,6 +64,12 @@ class PrefillObs:
     others_kv: float = 0.0
     """Thousands of cells of one shared KV's span beyond its own meanwhile (kvcells.py; from the
     timing log alone, the cells the other requests held)."""
+    narrow: float = 0.0
+    """Thousands of cells its prompt tokens in micro-batches under TILE_ROWS rows attend to, all
+    together (`stepcost.narrow_kcells`): computed one row at a time."""
+    tiled: bool = True
+    """One shared KV: the decode tokens beside it rode in a micro-batch of TILE_ROWS rows or
+    more (its query tiles); fewer go one row at a time, as in a decode step."""
 
     def row(self, n_ubatch: int) -> tuple[float, float, float, float, float, float, float]:
         """Its features, in the order a, b, c, e, g of the batch cost, then the decode tokens'
@@ -71,7 +77,7 @@ class PrefillObs:
         one shared KV)."""
         ub = max(1, n_ubatch)
         read = self.micro * self.ctx + ub * self.micro * (self.micro - 1) / 2
-        shared = 0.0 if self.apart else self.dec_kctx * self.batches
+        shared = self.dec_kctx * self.batches if self.tiled and not self.apart else 0.0
         return (self.micro + self.apart, float(self.tokens),
                 self.tokens * (self.ctx + self.tokens / 2) / 1000.0,
                 self.decoders * self.batches, read / 1000.0, shared,
@@ -95,16 +101,22 @@ class Calibration:
     prefills: int = 0
     steps: int = 0
     decodes: int = 0
+    narrow: int = 0
+    """Prompts the row-by-row price was fitted from."""
     notes: list[str] = field(default_factory=list)
 
 
 def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings,
                dec_kctx: float = 0.0, others_kv: float = 0.0) -> PrefillObs:
-    batches = max(1, math.ceil(tokens / max(1, server.n_batch)))
-    apart = 0.0 if server.kv_unified else batches * min(1.0, decoders)
-    return PrefillObs(tokens, ctx, ms, decoders, batches,
-                      max(1, math.ceil(tokens / max(1, server.n_ubatch))), apart, dec_kctx,
-                      others_kv if server.kv_unified else 0.0)
+    n_batch, ub, unified = max(1, server.n_batch), max(1, server.n_ubatch), server.kv_unified
+    batches = max(1, math.ceil(tokens / n_batch))
+    apart = 0.0 if unified else batches * min(1.0, decoders)
+    last = tokens - (batches - 1) * n_batch  # the last batch's prompt tokens
+    riding = round(decoders)
+    narrow = narrow_kcells(riding, (PromptRun(last, ctx + tokens - last),), ub, unified)
+    return PrefillObs(tokens, ctx, ms, decoders, batches, max(1, math.ceil(tokens / ub)), apart,
+                      dec_kctx, others_kv if unified else 0.0, narrow,
+                      min(ub, riding + min(tokens, n_batch)) >= TILE_ROWS)
 
 
 def observations(spans: Sequence[Span], server: ServerSettings,
@@ -120,10 +132,11 @@ def observations(spans: Sequence[Span], server: ServerSettings,
         if p0 is None or p1 is None:
             continue
         computed, prompt_ms = span.prompt_n, span.prompt_ms
-        if computed and computed >= MIN_PROMPT and prompt_ms and not _prefill_beside(
-                index, span, p0, p1):
-            prefills.append(prompt_obs(computed, span.cache_n or 0, prompt_ms,
-                                       _decoding(index, span, p0, p1), server))
+        if computed and prompt_ms and not _prefill_beside(index, span, p0, p1):
+            obs = prompt_obs(computed, span.cache_n or 0, prompt_ms,
+                             _decoding(index, span, p0, p1), server)
+            if computed >= MIN_PROMPT or _narrow(obs):
+                prefills.append(obs)  # shorter ones: the row-by-row price's (`_fit_narrow`)
         steps = (span.predicted_n or 0) - 1
         if steps >= MIN_STEPS and span.predicted_ms:
             clean = _decode_apart(index, span, p1, end, steps, span.predicted_ms, server)
@@ -210,11 +223,15 @@ def fit(prefills: Sequence[PrefillObs], decodes: Sequence[DecodeObs], n_ubatch: 
     else:
         cal.notes.append("decode: no reply of 16+ tokens generated mostly without a prompt beside it: "
                          "its costs are assumed")
-    if prefills:
-        cal.costs = _fit_prefill(cal, prefills, n_ubatch)
+    narrow = [o for o in prefills if _narrow(o)]
+    tiled = [o for o in prefills if not _narrow(o)]
+    if tiled:
+        cal.costs = _fit_prefill(cal, tiled, n_ubatch)
     else:
         cal.notes.append("prefill: no prompt of 256+ tokens computed alone in the log: its costs "
                          "are assumed (give them with --costs)")
+    if "narrow_per_row_kctx_ms" not in given:
+        cal.costs = _fit_narrow(cal, narrow, n_ubatch)
     if not any(o.decoders > 0 for o in prefills):
         cal.costs = cal.costs.with_values({"per_decoder_ms": cal.costs.per_slot_ms}, "assumed")
         cal.notes.append("prefill.per_decoder_ms: no prefill had a decoding slot beside it; taken "
@@ -263,6 +280,46 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     if any(r[6] > 0 for r in rows):
         found["per_token_per_kv_ms"] = fp
     return cal.costs.with_values(found, "log")
+
+
+def tiled_ms(costs: Costs, obs: PrefillObs, n_ubatch: int) -> float:
+    """What `costs` price the observation at in the batch cost's tiled form (its micro-batches'
+    terms, the decode tokens' attention beside it): the fit's own prediction."""
+    a, b, c, e, g, s, p = obs.row(n_ubatch)
+    return (costs.fixed_ms * a + costs.per_token_ms * b + costs.per_token_per_kctx_ms * c
+            + costs.per_decoder_ms * e + costs.per_kctx_ms * g + costs.per_decoder_kctx_ms * s
+            + costs.per_token_per_kv_ms * p + costs.decode_per_kctx_ms * obs.dec_kctx * obs.batches)
+
+
+MIN_NARROW = 3
+"""Prompts computed in one micro-batch under TILE_ROWS rows the row-by-row price needs."""
+MIN_NARROW_KCELLS = 20.0
+"""... each attending to this many thousand cells in all (20 tokens after 1,000): fewer cost little
+more than their batch's fixed part, and tell nothing of the rows."""
+
+
+def _narrow(obs: PrefillObs) -> bool:
+    """A prompt computed in one micro-batch under TILE_ROWS rows, after enough context to tell the
+    row-by-row price (a shorter one stays with the tiled fit: its fixed part is most of it)."""
+    return obs.micro == 1 and obs.batches == 1 and obs.narrow >= MIN_NARROW_KCELLS
+
+
+def _fit_narrow(cal: Calibration, usable: Sequence[PrefillObs], n_ubatch: int) -> Costs:
+    """The row-by-row price (`narrow_per_row_kctx_ms`): the median of what each prompt computed
+    in one micro-batch under TILE_ROWS rows (`_narrow`) took beyond its tiled price, per thousand
+    cells its tokens attended to. A day of follow-up turns has many (`bench day`: 47-58 new
+    tokens after 1,100-6,600 cached); a server with no such path prices them at about zero."""
+    if len(usable) < MIN_NARROW:
+        cal.notes.append(f"prefill.narrow_per_row_kctx_ms: under {MIN_NARROW} prompts computed in "
+                         f"one micro-batch of under {TILE_ROWS} rows after a long context: a "
+                         "micro-batch of fewer rows is priced as a tiled one (ggml's CPU flash "
+                         "attention computes it row by row; `slotwise bench pieces --sizes "
+                         "16,32,48` measures it)")
+        return cal.costs
+    excess = [(o.ms - tiled_ms(cal.costs, o, n_ubatch)) / o.narrow for o in usable]
+    cal.narrow = len(usable)
+    return cal.costs.with_values({"narrow_per_row_kctx_ms": max(0.0, float(np.median(excess)))},
+                                 "log")
 
 
 CELL_BOUNDS = {4: TILE_ROWS, 5: 1.0}

@@ -123,13 +123,14 @@ def _summary(p: Prediction, output: str) -> None:
         f"ms/token + {costs.per_token_per_kctx_ms:.4f} ms/token per 1k ctx + "
         f"{costs.per_kctx_ms:.2f} ms per 1k ctx read + {costs.per_decoder_ms:.2f} ms/decoder + "
         f"{costs.per_decoder_kctx_ms:.2f} ms per 1k decoder cells + "
-        f"{costs.per_token_per_kv_ms:.4f} ms/token per 1k cells of the span beyond its own; "
+        f"{costs.per_token_per_kv_ms:.4f} ms/token per 1k cells of the span beyond its own, "
+        f"under 64 rows + {costs.narrow_per_row_kctx_ms:.2f} ms/token per 1k ctx; "
         f"decode step {costs.step_ms:.1f} ms + {costs.per_slot_ms:.2f} ms/slot + "
         f"{costs.decode_per_kctx_ms:.3f} ms per 1k ctx + {costs.decode_per_kv_ms:.3f} ms per 1k "
         "cells of the span beyond its own")
     cal = p.calibration
-    say(f"  calibrated from {cal.prefills} prefills, {cal.steps} batch steps, {cal.decodes} "
-        "decodes")
+    say(f"  calibrated from {cal.prefills} prefills ({cal.narrow} of them in under 64 rows), "
+        f"{cal.steps} batch steps, {cal.decodes} decodes")
     assumed = costs.assumed()
     if assumed:
         say(f"  assumed (not calibrated): {', '.join(assumed)}")

@@ -5,10 +5,11 @@ calibrated from the log, read from the model file, or assumed), and the `--costs
 A batch with prompt tokens costs, per micro-batch of `n_ubatch` tokens, the prefill gate's own
 form (`proxy/prefill/batch_cost.py`): a + g·ctx/1000 + b·n + c·n·(ctx + n/2)/1000, plus e per
 decoding slot's token riding in it; with one shared KV also p·n·(the span's other cells)/1000 and
-s·(the decoding slots' cells)/1000 (stepcost.py says why). A batch of decode tokens only costs one
-step: step + per_slot·(slots − 1) + per_kctx·(cells the decode tokens attend to)/1000, each its
-own slot's, + per_kv·(cells of the span each scans beyond its own)/1000 with one shared KV
-(kvcells.py).
+s·(the decoding slots' cells)/1000 (stepcost.py says why); a micro-batch of fewer than 64 rows
+also r·(the cells its prompt tokens attend to, all together)/1000 (ggml's CPU attention computes
+it row by row). A batch of decode tokens only costs one step: step + per_slot·(slots − 1) +
+per_kctx·(cells the decode tokens attend to)/1000, each its own slot's, + per_kv·(cells of the
+span each scans beyond its own)/1000 with one shared KV (kvcells.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Costs:
     span beyond its own (kvcells.py): ggml's CPU flash attention reads the mask of every cell up to
     the highest in use for each tile of queries, the cells it then skips too (ggml-cpu/ops.cpp,
     flash_attn_ext_tiled)."""
+    narrow_per_row_kctx_ms: float = 0.0
+    """prefill.narrow_per_row_kctx_ms: a micro-batch of fewer than TILE_ROWS rows is computed by
+    ggml's CPU flash attention one row at a time, each row reading its own context: per prompt
+    token in one, per 1,000 tokens it attends to, beyond the tiled price (`slotwise bench pieces`
+    on the testbed: ~4.8 ms; none where the server has no such path)."""
     step_ms: float = 20.0
     """decode.step_ms: a batch of one decode token."""
     per_slot_ms: float = 1.0
@@ -112,6 +118,7 @@ KEYS: dict[str, str] = {
     "prefill.per_kctx_ms": "per_kctx_ms",
     "prefill.per_decoder_kctx_ms": "per_decoder_kctx_ms",
     "prefill.per_token_per_kv_ms": "per_token_per_kv_ms",
+    "prefill.narrow_per_row_kctx_ms": "narrow_per_row_kctx_ms",
     "decode.step_ms": "step_ms",
     "decode.per_slot_ms": "per_slot_ms",
     "decode.per_kctx_ms": "decode_per_kctx_ms",

@@ -120,8 +120,7 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     prefills, decodes = logged or prefills, logged_decodes or decodes
     given = inputs.costs_file
     pieces = given.pieces if given is not None else ()
-    measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server)
-                for p in pieces if p.tokens >= TILE_ROWS]
+    measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server) for p in pieces]
     cal = fit([*prefills, *steps, *measured], decodes, server.n_ubatch,
               Costs().with_values(given.values, "given") if given is not None else None,
               given.values if given is not None else ())
@@ -131,11 +130,11 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
                          "clock (no request of a size only one task had): the shared KV's span "
                          "they read is not known, and not priced")
     if pieces:
-        cal.notes.append(f"prefill: fitted with {len(measured)} of the {len(pieces)} measured "
-                         "pieces of --costs beside the log's prompts"
-                         + (f" (under {TILE_ROWS} tokens ggml's CPU attention takes a slower "
-                            "path than the tiled one the fit's form prices: left out)"
-                            if len(measured) < len(pieces) else ""))
+        small = sum(p.tokens < TILE_ROWS for p in pieces)
+        cal.notes.append(f"prefill: fitted with the {len(pieces)} measured pieces of --costs "
+                         "beside the log's prompts"
+                         + (f" ({small} under {TILE_ROWS} tokens: with the log's short prompts, "
+                            "the price of a micro-batch computed row by row)" if small else ""))
     switch = lora_switch_ms(spans, cal.costs, server)
     if switch is not None:
         cal.costs = cal.costs.with_values({"lora_switch_ms": switch}, "log")

@@ -6,7 +6,8 @@ Every token attends to its own slot's cells. With one shared KV its attention st
 every cell up to the highest in use (kvcells.py), reading the mask of those it skips: a decode
 step pays for the cells of that span beyond each decode token's own (`decode_per_kv_ms`), a prompt
 token likewise (`per_token_per_kv_ms`), and decode tokens in a prompt's micro-batch are computed in its
-64-row query tiles.
+64-row query tiles. A micro-batch of fewer rows is computed one row at a time, each prompt token
+reading its own cells (`narrow_per_row_kctx_ms`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from proxy.prefill.sizing import TILE_ROWS
 from proxy.whatif.costs import Costs
 
 
@@ -48,7 +50,9 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
     else:
         micro = (1 if decoders else 0) + sum(math.ceil(r.tokens / ub) for r in runs)
     ms = costs.fixed_ms * micro + costs.per_decoder_ms * decoders + attended
-    if unified:  # the decode tokens ride in the prompt's first micro-batch
+    if unified and min(ub, decoders + prompt) >= TILE_ROWS:
+        # the decode tokens ride in the prompt's first micro-batch, in its query tiles (fewer
+        # rows go one at a time, as in a decode step: `attended` prices them)
         ms += costs.per_decoder_kctx_ms * sum(decode_ctx) / 1000.0
     for run in runs:
         k = math.ceil(run.tokens / ub)
@@ -57,7 +61,36 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
                + costs.per_token_per_kctx_ms * run.tokens * (run.ctx + run.tokens / 2) / 1000.0
                + costs.per_kctx_ms * read / 1000.0
                + costs.per_token_per_kv_ms * run.tokens * run.others / 1000.0)
+    if costs.narrow_per_row_kctx_ms:
+        ms += costs.narrow_per_row_kctx_ms * narrow_kcells(decoders, runs, ub, unified)
     return ms
+
+
+def narrow_kcells(decoders: int, runs: Sequence[PromptRun], n_ubatch: int, unified: bool) -> float:
+    """Thousands of cells the prompt tokens of micro-batches under TILE_ROWS rows attend to, all
+    together: the last micro-batch of each run (a KV per slot: llama.cpp's split_equal gives each
+    sequence its own), or of the batch (one shared KV: decode tokens first, then the runs in order,
+    cut every `n_ubatch` rows); ggml's CPU flash attention computes those rows one at a time."""
+    ub = max(1, n_ubatch)
+    if not unified:
+        total = 0.0
+        for run in runs:
+            last = run.tokens - (math.ceil(run.tokens / ub) - 1) * ub
+            if 0 < last < TILE_ROWS:
+                total += last * (run.ctx + run.tokens - last / 2)
+        return total / 1000.0
+    rows = decoders + sum(r.tokens for r in runs)
+    last = rows - (math.ceil(rows / ub) - 1) * ub
+    if not runs or last >= TILE_ROWS:
+        return 0.0
+    total, left = 0.0, last  # the batch's last `last` rows: the runs' tails, the last run first
+    for run in reversed(runs):
+        n = min(left, run.tokens)
+        total += n * (run.ctx + run.tokens - n / 2)
+        left -= n
+        if left <= 0:
+            break
+    return total / 1000.0
 
 
 def decode_steps_ms(costs: Costs, decoders: int, attended: int, growth: int,
