@@ -1346,3 +1346,74 @@ class TestRule18NoRestUnderATile:
         assert absorb_tail(1280, 1344, leave=1) == 1280
         assert absorb_tail(1300, 1300, leave=1) == 1300  # nothing left: as it was
         assert absorb_tail(1299, 1300, leave=1) == 1299
+
+
+class TestRule19TrimShortTurns:
+    """A turn of under 64 new tokens after a long cached history: on a server whose short batches
+    go row by row (learned from the requests that computed one), a trim piece first, so that the
+    turn computes its last 64 tokens as one tile."""
+
+    @staticmethod
+    def served(p: PrefillPolicy, n: int, prompt_ms: float, now: float = 0.0) -> None:
+        """A short follow-up (54 new tokens after 3,000 cached) that took `prompt_ms`."""
+        req = f"f{n}"
+        assert p.on_arrival(req, 54, 3054, now) == [Admit(req, "not cold")]
+        p.on_prefill_started(req, now)
+        p.on_first_token(req, now + prompt_ms / 1000.0)
+        p.on_finished(req, now + 1.0, prompt_n=54, prompt_ms=prompt_ms, cache_n=3000)
+
+    def test_nothing_is_trimmed_until_the_server_shows_the_price(self) -> None:
+        p = policy(tps=1000.0)
+        for n in range(2):  # 877 ms where a tile's price is 54: row by row
+            self.served(p, n, 877.0, now=n * 2.0)
+        assert p.on_arrival("t", 54, 3154, 10.0) == [Admit("t", "not cold")]
+
+    def test_a_short_turn_is_trimmed_then_sent(self) -> None:
+        p = policy(tps=1000.0)
+        for n in range(3):
+            self.served(p, n, 877.0, now=n * 2.0)
+        [piece] = p.on_arrival("t", 54, 3154, 10.0)
+        assert piece == FeedPiece("t", 3154 - 64, trim=True)
+        assert p.on_tick(10.01) == []  # nothing else meanwhile decides the turn
+        [sent] = p.on_piece_done("t", 1, 20.0, 10.05)
+        assert isinstance(sent, Forward) and sent.req_id == "t"
+        assert sent.reason.startswith("trimmed: its 54 new tokens would go row by row (~")
+        assert "64 of its cached tokens computed again with them" in sent.reason
+        assert ("t", Phase.QUEUED) in p.snapshot().in_flight
+
+    def test_a_server_without_the_price_never_trims(self) -> None:
+        """A GPU: short batches cost what the tiled price says."""
+        p = policy(tps=1000.0)
+        for n in range(5):
+            self.served(p, n, 55.0, now=n * 2.0)
+        assert p.on_arrival("t", 54, 3154, 20.0) == [Admit("t", "not cold")]
+
+    def test_what_is_not_trimmed(self) -> None:
+        p = policy(tps=1000.0)
+        for n in range(3):
+            self.served(p, n, 877.0, now=n * 2.0)
+        assert p.on_arrival("a", 64, 3164, 10.0) == [Admit("a", "not cold")]  # a tile already
+        assert p.on_arrival("b", 54, 554, 10.0) == [Admit("b", "not cold")]  # little cached
+        off = policy(tps=1000.0, trim_short_turns=False)
+        for n in range(3):
+            self.served(off, n, 877.0, now=n * 2.0)
+        assert off.on_arrival("c", 54, 3154, 10.0) == [Admit("c", "not cold")]
+
+    def test_with_enough_decode_tokens_beside_it_the_batch_is_a_tile(self) -> None:
+        p = policy(tps=1000.0)
+        for n in range(3):
+            self.served(p, n, 877.0, now=n * 2.0)
+        for i in range(10):
+            busy(p, f"s{i}", 9.0)
+        assert p.on_arrival("t", 54, 3154, 10.0) == [Admit("t", "not cold")]  # 64 rows
+
+    def test_a_failed_trim_sends_the_turn_as_it_came_and_a_leaving_client_cancels_it(self) -> None:
+        p = policy(tps=1000.0)
+        for n in range(3):
+            self.served(p, n, 877.0, now=n * 2.0)
+        p.on_arrival("t", 54, 3154, 10.0)
+        assert p.on_piece_failed("t", "HTTP 500", 10.1) == [
+            Forward("t", "trim piece failed, forwarded as it came: HTTP 500")]
+        p.on_arrival("u", 54, 3154, 11.0)
+        assert p.on_client_left("u", 11.1) == [CancelPiece("u")]
+        assert p.save_ok() is False  # "t" is in flight

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.config.fields import check_keys, choice, number, show, string
+from proxy.config.fields import check_keys, choice, flag, number, string
 from proxy.config.values import (
     LOAD_FORMATS,
     NODE_NAME,
@@ -35,9 +35,7 @@ def cluster_table(data: Mapping[str, Any]) -> ClusterConfig:
 def warm_table(data: Mapping[str, Any]) -> WarmConfig:
     check_keys(data, "warm.", WarmConfig)
     d = WarmConfig()
-    enabled = data.get("enabled", d.enabled)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"warm.enabled: expected true or false, got {show(enabled)}")
+    enabled = flag(data, "enabled", "warm.enabled", d.enabled)
     return WarmConfig(
         enabled=enabled,
         max_pending=number(data, "max_pending", "warm.max_pending", d.max_pending,
@@ -55,9 +53,7 @@ def warm_table(data: Mapping[str, Any]) -> WarmConfig:
 def keep_kv_table(data: Mapping[str, Any]) -> KeepKvConfig:
     check_keys(data, "keep_kv.", KeepKvConfig)
     d = KeepKvConfig()
-    enabled = data.get("enabled", d.enabled)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"keep_kv.enabled: expected true or false, got {show(enabled)}")
+    enabled = flag(data, "enabled", "keep_kv.enabled", d.enabled)
     directory = string(data, "dir", "keep_kv.dir", d.dir)
     if enabled:
         _keep_kv_needs(directory)

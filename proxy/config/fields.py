@@ -46,6 +46,13 @@ def number(data: Mapping[str, Any], key: str, dotted: str, default: float, *,
     return int(value) if integer else float(value)
 
 
+def flag(data: Mapping[str, Any], key: str, dotted: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{dotted}: expected true or false, got {show(value)}")
+    return value
+
+
 def string(data: Mapping[str, Any], key: str, dotted: str, default: str) -> str:
     value = data.get(key, default)
     if not isinstance(value, str):

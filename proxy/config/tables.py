@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.config.fields import check_keys, choice, number, secret, show, string
+from proxy.config.fields import check_keys, choice, flag, number, secret, show, string
 from proxy.config.values import (
     LOG_LEVELS,
     LORA_MODES,
@@ -134,6 +134,8 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
                         integer=True),
         max_cold_factor=_cold_factor(data, d.max_cold_factor),
         background_purposes=_purposes(data.get("background_purposes", [])),
+        trim_short_turns=flag(data, "trim_short_turns", "prefill.trim_short_turns",
+                              d.trim_short_turns),
     )
 
 

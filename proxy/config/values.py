@@ -128,6 +128,12 @@ class PrefillConfig:
     turn: over 8 ×, from 512 new tokens). With every slot taken (any mode but off, or keep_kv on)
     it lets the chat turns have a freed slot first until it has waited `max_hold_s`."""
 
+    trim_short_turns: bool = True
+    """Any mode but off: a turn of under 64 new tokens after a long cached history, on a server
+    that computes so few rows one at a time (llama-server's flash attention on a CPU: learned from
+    the requests that did), computes 64 of its cached tokens again with them, in one tile: a
+    trim piece first (docs/prefill.md)."""
+
     def is_background(self, purpose: str | None) -> bool:
         """Whether a request with this `X-Slotwise-Purpose` is a background job."""
         return purpose is not None and purpose in self.background_purposes

@@ -68,6 +68,9 @@ class FeedPiece:
 
     req_id: str
     upto_tokens: int
+    trim: bool = False
+    """Rule 19: a prefix shorter than what the server holds of the prompt (it keeps only that
+    much, computing one token again), not the next of a cold prompt's pieces."""
 
 
 @dataclass(frozen=True)

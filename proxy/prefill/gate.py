@@ -235,8 +235,9 @@ class PrefillGate:
             log.error("the policy fed a piece of %s, which the gate does not hold", decision.req_id)
             return
         self._log_choice(request)
-        request.piece = asyncio.create_task(self._piece(request, decision.upto_tokens),
-                                            name=f"slotwise-piece-{request.key}")
+        request.piece = asyncio.create_task(
+            self._piece(request, decision.upto_tokens, decision.trim),
+            name=f"slotwise-piece-{request.key}")
 
     def _start_restore(self, decision: Restore) -> None:
         request = self._deciding.get(decision.req_id)
@@ -268,7 +269,7 @@ class PrefillGate:
         log.log(level, "prefill %s: %s of %d tokens (~%.0f ms predicted): %s", request.key,
                 choice.strategy.value, choice.piece_tokens, choice.predicted_piece_ms, choice.reason)
 
-    async def _piece(self, request: _Request, upto: int) -> None:
+    async def _piece(self, request: _Request, upto: int, trim: bool = False) -> None:
         # The prompt's computation starts with its first piece: from then on it is a prefill
         # that others' records see overlapping them.
         self._registry.start_prefill(request.flight, self._clock())
@@ -283,7 +284,8 @@ class PrefillGate:
                 request.key, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
             return
         facts = request.flight.prefill
-        facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+        facts.plan = PrefillPlan.TRIMMED if trim else PrefillPlan.CHUNKED
+        facts.pieces += 1
         facts.fed_tokens += result.prompt_n
         self._estimator.learn(request.ids[:upto], result.cache_n)
         self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.batch_ms,

@@ -25,10 +25,12 @@ from proxy.prefill.events import (
     Sizer,
 )
 from proxy.prefill.held import HeldRequest
+from proxy.prefill.narrow import NarrowPrice, trim
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import wait_s
 from proxy.prefill.server_use import ServerUse
+from proxy.prefill.sizing import TILE_ROWS
 from proxy.prefill.slot_line import SlotLine
 from proxy.prefill.snapshot import PolicySnapshot
 from proxy.record.flight import Phase
@@ -181,6 +183,14 @@ class PrefillPolicy:
         streams, a 64-token piece there ~250 ms); one token left is one row, the price of a decode
         token. Pieces end on multiples of 64 and prompts do not, so without this every plan's
         rest was such a batch.
+    19. A short turn of under TILE_ROWS new tokens after a long cached history, about to go
+        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py): a piece of
+        its prompt's first `len - TILE_ROWS` ids goes first, so that llama-server keeps only those
+        of the slot's cells and the turn computes its last 64 tokens in one tile, not its few row
+        by row (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream
+        1.8 s). The row-by-row price is learned from the requests that computed such a batch
+        (`on_finished`): none on a GPU, and then nothing is trimmed. The trim piece is in flight
+        like a cold request's and teaches no cost; its end (or failure) sends the turn.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -196,6 +206,9 @@ class PrefillPolicy:
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._warm_pieces = 0
         self._saving: str | None = None
+        self._narrow = NarrowPrice()  # rule 19
+        self._trims: dict[str, Arrived] = {}
+        """Rule 19: short turns whose trim piece is in flight."""
         self.save_ms: float | None = None
         """What the last save cost the server's main loop (rule 16)."""
         self._now = 0.0
@@ -258,10 +271,13 @@ class PrefillPolicy:
 
     def on_finished(self, req_id: str, now: float, prompt_n: int | None = None,
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
+        decoders, cells = self._use.decoders(besides=req_id), self._use.cells(besides=req_id)
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
-            self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch,
-                                       self._use.decoders(besides=req_id),
-                                       self._use.cells(besides=req_id))
+            self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
+                                       cells)
+        elif prompt_n and prompt_ms is not None and prompt_n + decoders < TILE_ROWS:  # rule 19
+            self._narrow.observe(prompt_n, cache_n, prompt_ms,
+                                 self._cost.cost.batch_ms(prompt_n, cache_n, decoders, cells))
         self._line.landed(req_id)
         self._line.waited.pop(req_id, None)  # the gate has read it, if it held the request
         if not self._use.ended(req_id):
@@ -271,6 +287,9 @@ class PrefillPolicy:
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
                       now: float) -> list[Decision]:
+        trimmed = self._trims.pop(req_id, None)
+        if trimmed is not None:  # rule 19: the turn goes (its piece teaches no cost)
+            return [*self._release_trim(trimmed, None, now), *self._advance(now)]
         if not self._plans.piece_done(self._server(), req_id, tokens, elapsed_ms, now):
             return []
         return self._advance(now)
@@ -300,6 +319,9 @@ class PrefillPolicy:
         return self._advance(now)
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
+        trimmed = self._trims.pop(req_id, None)
+        if trimmed is not None:
+            return [*self._release_trim(trimmed, reason, now), *self._advance(now)]
         held = self._plans.held.get(req_id)
         if held is None:
             return []
@@ -315,6 +337,8 @@ class PrefillPolicy:
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
+        if self._trims.pop(req_id, None) is not None:
+            return [CancelPiece(req_id), *self._advance(now)]
         if not self._use.ended(req_id) and not waited:
             return []
         return self._advance(now)
@@ -347,14 +371,15 @@ class PrefillPolicy:
 
     def save_ok(self) -> bool:
         """Rule 16: whether a save may go now (nobody else uses the server)."""
-        return not (self._use or self._plans or self._line or self._warm_pieces or self._saving)
+        return not (self._use or self._plans or self._line or self._warm_pieces or self._saving
+                    or self._trims)
 
     def warm_load(self, now: float) -> Load:
         """Rule 15: what real requests are doing, as the warm-up queue decides by it (a save in
         flight pauses it like a request just sent)."""
         grace = self._use.sent_grace_end()
         return Load(cold_held=bool(self._plans or self._line),
-                    starting=now < grace or self._saving is not None,
+                    starting=now < grace or self._saving is not None or bool(self._trims),
                     busy=bool(self._use) or self._saving is not None,
                     no_slot=self._line.full(self._taken()),
                     decoders=self._use.decoders(), cells=self._use.cells(),
@@ -397,8 +422,9 @@ class PrefillPolicy:
         if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
             return [Hold(req_id, self._line.hold(req, now))]
         if goes_now:
-            return self._admit(req, "prefill.mode off" if self._cfg.mode == "off"
-                               else "not cold", now)
+            if self._cfg.mode == "off":
+                return self._admit(req, "prefill.mode off", now)
+            return self._trim(req) or self._admit(req, "not cold", now)
         idle = not (self._plans or self._use or self._warm_pieces or self._saving)
         if idle and self._cfg.mode == "defer":
             return self._admit(req, "cold, nobody generating", now)
@@ -417,6 +443,29 @@ class PrefillPolicy:
         if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
             return decided  # released at once (rule 7: short enough to go whole)
         return [Hold(req_id, why), *decided]
+
+    def _trim(self, req: Arrived) -> list[Decision]:
+        """Rule 19: its trim piece, if it pays; else nothing."""
+        if not self._cfg.trim_short_turns:
+            return []
+        cut = trim(self._cost.cost, self._narrow, req.est_new_tokens, req.est_prompt_tokens,
+                   self._use.decoders(), self._use.cells())
+        if cut is None:
+            return []
+        self._trims[req.req_id] = req
+        self._notes[req.req_id] = self._noted(req.req_id, cut.reason(req.est_new_tokens))
+        return [FeedPiece(req.req_id, cut.upto, trim=True)]
+
+    def _release_trim(self, req: Arrived, failed: str | None, now: float) -> list[Decision]:
+        """Rule 19: the trimmed turn goes, its trim piece done (or failed: as it came); the others
+        wait until its prompt starts, as after a restore (rule 14): its slot, idle for a moment,
+        holds what it needs."""
+        self._use.sent(req.req_id, now, req.est_prompt_tokens)
+        self._line.land(req.req_id, now)
+        if failed is not None:
+            self._notes.pop(req.req_id, None)
+            return [Forward(req.req_id, f"trim piece failed, forwarded as it came: {failed}")]
+        return [Forward(req.req_id, self._notes.pop(req.req_id, "trimmed"))]
 
     def _admit(self, req: Arrived, reason: str, now: float) -> list[Decision]:
         self._use.sent(req.req_id, now, req.est_prompt_tokens)
@@ -488,7 +537,7 @@ class PrefillPolicy:
         """The plans' view, at the last `now` the policy was given (`_advance`)."""
         now = self._now
         return Server(self._cfg, self._n_batch, self._cost, self._use,
-                      other_piece=bool(self._warm_pieces or self._saving),
+                      other_piece=bool(self._warm_pieces or self._saving or self._trims),
                       free_slots=(None if self._line.slots is None
                                   else self._line.free(self._taken())),
                       slot_wanted=bool(self._line),
@@ -504,4 +553,4 @@ class PrefillPolicy:
     def _taken(self) -> int:
         """Rule 12: the slots used or kept besides the restores running (the line counts those)."""
         return (len(self._use) + self._warm_pieces + (self._saving is not None)
-                + self._plans.slots_kept())
+                + self._plans.slots_kept() + len(self._trims))

@@ -52,6 +52,8 @@ class _Live:
     lora: Any
     task: Task | None = None
     piece: Task | None = None
+    trim: bool = False
+    """Its piece in flight is a trim (the prefill policy's rule 19)."""
     held_at: float | None = None
     ended: bool = False
 
@@ -181,7 +183,7 @@ class Replay:
                     live.flight.prefill.plan = PrefillPlan.HELD
                     self.witness.hold(live.flight, now)
             elif isinstance(action, FeedPiece):
-                self._feed(live, action.upto_tokens, now)
+                self._feed(live, action.upto_tokens, now, action.trim)
             elif isinstance(action, Reject):
                 self._finish(live, now)
                 self.witness.rejected(live.flight, action.reason, now)
@@ -211,11 +213,11 @@ class Replay:
         self.witness.sent(live.flight, now)
         self.server.submit(task, now)
 
-    def _feed(self, live: _Live, upto: int, now: float) -> None:
+    def _feed(self, live: _Live, upto: int, now: float, trim: bool) -> None:
         job = live.job
         prompt = job.prompt.prefix(upto)
         piece = Task(live.key, prompt, prompt, 1, batch_key(live.lora), explicit(live.lora))
-        live.piece = piece
+        live.piece, live.trim = piece, trim
         self.witness.piece_started(live.flight, now)
         self.clock.at(now + self._piece_delay_s, lambda t: self.server.submit(piece, t)
                  if live.piece is piece else None)
@@ -225,7 +227,8 @@ class Replay:
             return
         live.piece = None
         facts = live.flight.prefill
-        facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+        facts.plan = PrefillPlan.TRIMMED if live.trim else PrefillPlan.CHUNKED
+        facts.pieces += 1
         facts.fed_tokens += piece.prompt_n
         self._apply(self.policy.piece_done(live.key, piece.prompt_n, piece.prompt_ms, now), now)
 

@@ -1,0 +1,89 @@
+"""Short turns and the row-by-row price (the prefill policy's rule 19): what a batch of fewer than
+TILE_ROWS prompt tokens costs this server beyond the batch cost's tiled price, learned from the
+requests that computed one, and where a short turn's trim piece ends when computing 64 of its
+cached tokens again with it is cheaper than its own few.
+
+ggml's CPU flash attention computes fewer than 64 query rows one at a time, each reading its whole
+context: a follow-up turn of 54 new tokens after 3,093 cached took 877 ms on the testbed, where 81
+after 3,070 took 327 (`bench day`). A trim piece, the prompt's first `len - TILE_ROWS` ids, makes
+llama-server keep only those of the slot's cells (it computes one token again to answer); the turn
+then computes its last 64 tokens in one tile. On a GPU the learned price stays near zero and
+nothing is trimmed. Pure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from proxy.prefill.batch_cost import BatchCost
+from proxy.prefill.sizing import TILE_ROWS
+
+MIN_KCELLS = 20.0
+"""A short prompt teaches the price only after this many thousand cell-reads (20 tokens after
+1,000): with fewer its batch's fixed part is most of its time."""
+MIN_SAMPLES = 3
+KEEP = 16
+"""The latest samples the price is the median of."""
+TRIM_GAIN = 1.5
+"""A turn is trimmed only if its own batch is predicted at least this many times the trimmed
+way's (the trim piece's row and the 64-token tile): a guess must pay for itself clearly."""
+MIN_CACHED = 1000
+"""Under this many cached tokens a short turn is cheap either way."""
+
+
+def kcells(tokens: int, ctx: int) -> float:
+    """Thousands of cells `tokens` new tokens after `ctx` cached read, all together."""
+    return tokens * (ctx + tokens / 2) / 1000.0
+
+
+@dataclass
+class NarrowPrice:
+    """The row-by-row price of this server, per prompt token per 1,000 tokens it attends to."""
+
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
+
+    def observe(self, tokens: int, ctx: int, ms: float, tiled_ms: float) -> None:
+        """A finished request that computed `tokens` (with the decode tokens beside it, under
+        TILE_ROWS rows) after `ctx` cached in `ms`, where the tiled batch cost says `tiled_ms`."""
+        cells = kcells(tokens, ctx)
+        if 0 < tokens < TILE_ROWS and cells >= MIN_KCELLS:
+            self.samples.append((ms - tiled_ms) / cells)
+
+    def per_row_kctx_ms(self) -> float | None:
+        """None until MIN_SAMPLES were seen; never below 0."""
+        if len(self.samples) < MIN_SAMPLES:
+            return None
+        return max(0.0, statistics.median(self.samples))
+
+
+@dataclass(frozen=True)
+class Trim:
+    upto: int
+    """The trim piece's prefix: the turn then computes its last TILE_ROWS tokens."""
+    own_ms: float
+    trimmed_ms: float
+
+    def reason(self, new_tokens: int) -> str:
+        return (f"trimmed: its {new_tokens} new tokens would go row by row (~{self.own_ms:.0f} ms); "
+                f"{TILE_ROWS} of its cached tokens computed again with them, ~{self.trimmed_ms:.0f} ms")
+
+
+def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: int,
+         decoders: int, cells: int) -> Trim | None:
+    """Rule 19: where a short turn's trim piece ends, or None when it does not pay (the server
+    shows no row-by-row price, the turn's rows reach a tile with the decode tokens beside it, too
+    little is cached)."""
+    r = price.per_row_kctx_ms()
+    cached = prompt_tokens - new_tokens
+    if (r is None or not 0 < new_tokens < TILE_ROWS or new_tokens + decoders >= TILE_ROWS
+            or cached < MIN_CACHED):
+        return None
+    upto = prompt_tokens - TILE_ROWS
+    own = cost.batch_ms(new_tokens, cached, decoders, cells) + r * kcells(new_tokens, cached)
+    piece = cost.batch_ms(1, upto - 1, decoders, cells) + r * kcells(1, upto - 1)
+    trimmed = piece + cost.batch_ms(TILE_ROWS, upto, decoders, cells)
+    if own < TRIM_GAIN * trimmed:
+        return None
+    return Trim(upto, own, trimmed)
