@@ -65,6 +65,19 @@ class TestCacheModel:
         assert cache.estimate_cached(seq(0, 9) + seq(5000, 30)) == 9  # less than a block
         assert cache.estimate_cached(seq(1, 1000)) == 0
 
+    def test_a_reply_the_server_generated_is_cached_for_the_next_turn(self) -> None:
+        """A slot holds its prompt and the reply it generated; the next turn repeats the reply
+        (its ids unknown here), so up to that many of its tokens past the prompt are cached."""
+        cache = CacheModel(4, 8192)
+        cache.record(seq(0, 1000), generated=265)
+        follow_up = seq(0, 1000) + seq(5000, 265 + 54)
+        assert cache.estimate_cached(follow_up) == 1265  # 54 new: the user's message
+        assert cache.estimate_cached(seq(0, 1000) + seq(5000, 30)) == 1029  # shorter: all of it but one
+        assert cache.estimate_cached(seq(0, 900) + seq(5000, 400)) == 900  # edited: no reply
+        # the server found less than claimed (another reply text): cut back to what it said
+        cache.record(follow_up, 1100)
+        assert cache.estimate_cached(seq(0, 1000) + seq(7000, 300)) == 1000
+
     def test_whole_prompt_cached_still_computes_one_token(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 128))

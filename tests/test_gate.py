@@ -49,7 +49,7 @@ class FakeEstimator:
         ids = list(range(body["n"]))
         return ids, Estimate(len(ids), len(ids))
 
-    def learn(self, ids: list[int], cache_n: int | None) -> None:
+    def learn(self, ids: list[int], cache_n: int | None, generated: int = 0) -> None:
         self.learned.append((len(ids), cache_n))
 
     def first_piece_floor(self, ids: list[int]) -> int:

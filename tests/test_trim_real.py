@@ -56,6 +56,7 @@ def test_a_short_follow_up_after_a_long_history_is_trimmed_and_computed_faster(
         assert timings["prompt_n"] == 64, timings  # its new tokens and 64 - them of its cached ones
         assert timings["cache_n"] == r["prompt_tokens"] - 64
         assert r["policy_note"].startswith("trimmed: its ")
+        assert r["pieces"] == 0 and r["fed_tokens"] == 0  # nothing of it fed ahead
     # what the user waits for, the trim piece included (here 554-564 ms before, 282 ms trimmed)
     before = statistics.median(r["total_ms"] for r in short)
     after = max(r["total_ms"] for r in trimmed)

@@ -105,10 +105,11 @@ class Estimator:
         whole prompt (`CacheModel.first_piece_floor`)."""
         return self.cache.first_piece_floor(ids)
 
-    def learn(self, ids: Sequence[int], cache_n: int | None) -> None:
-        """The server processed `ids` and reported `cache_n`: update the cache model."""
+    def learn(self, ids: Sequence[int], cache_n: int | None, generated: int = 0) -> None:
+        """The server processed `ids`, reported `cache_n` and generated `generated` tokens after
+        them: update the cache model."""
         off = self.cache.ram_off
-        self.cache.record(ids, cache_n)
+        self.cache.record(ids, cache_n, generated)
         if self.cache.ram_off and not off:
             log.info("llama-server did not have a history its RAM prompt cache would have held: "
                      "taken to run without one (--cache-ram 0); prompts that left their slot now "

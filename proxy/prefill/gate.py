@@ -201,7 +201,9 @@ class PrefillGate:
         prompt_n, total = flight.computed_tokens, flight.prompt_tokens
         ids = self._ids.pop(key, None)
         if ids and prompt_n is not None and total is not None:
-            self._estimator.learn(ids, total - prompt_n)
+            generated = (flight.timings or {}).get("predicted_n")
+            self._estimator.learn(ids, total - prompt_n,
+                                  generated if isinstance(generated, int) else 0)
         self._apply(self._policy.on_finished(key, now, prompt_n, _prompt_ms(flight),
                                              cache_n=max(0, (total or 0) - (prompt_n or 0))))
 
@@ -284,9 +286,11 @@ class PrefillGate:
                 request.key, f"internal error: {type(exc).__name__}: {exc}", self._clock()))
             return
         facts = request.flight.prefill
-        facts.plan = PrefillPlan.TRIMMED if trim else PrefillPlan.CHUNKED
-        facts.pieces += 1
-        facts.fed_tokens += result.prompt_n
+        if trim:  # rule 19: no piece of its prompt fed ahead, one token computed again
+            facts.plan = PrefillPlan.TRIMMED
+        else:
+            facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+            facts.fed_tokens += result.prompt_n
         self._estimator.learn(request.ids[:upto], result.cache_n)
         self._apply(self._policy.on_piece_done(request.key, result.prompt_n, result.batch_ms,
                                                self._clock()))

@@ -82,7 +82,10 @@ def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: in
         return None
     upto = prompt_tokens - TILE_ROWS
     own = cost.batch_ms(new_tokens, cached, decoders, cells) + r * kcells(new_tokens, cached)
-    piece = cost.batch_ms(1, upto - 1, decoders, cells) + r * kcells(1, upto - 1)
+    # the trim piece's one token is one more row of the decode step beside it (or a step of its
+    # own): the batch cost, fitted on pieces of 64 tokens and more, would price its context and
+    # cells as a tile's
+    piece = cost.fixed_ms + r * kcells(1, upto - 1)
     trimmed = piece + cost.batch_ms(TILE_ROWS, upto, decoders, cells)
     if own < TRIM_GAIN * trimmed:
         return None

@@ -227,9 +227,11 @@ class Replay:
             return
         live.piece = None
         facts = live.flight.prefill
-        facts.plan = PrefillPlan.TRIMMED if live.trim else PrefillPlan.CHUNKED
-        facts.pieces += 1
-        facts.fed_tokens += piece.prompt_n
+        if live.trim:  # the policy's rule 19: no piece fed ahead (gate.py's `_piece`)
+            facts.plan = PrefillPlan.TRIMMED
+        else:
+            facts.plan, facts.pieces = PrefillPlan.CHUNKED, facts.pieces + 1
+            facts.fed_tokens += piece.prompt_n
         self._apply(self.policy.piece_done(live.key, piece.prompt_n, piece.prompt_ms, now), now)
 
     def _gone(self, live: _Live, now: float) -> None:
