@@ -1362,6 +1362,13 @@ class TestRule19TrimShortTurns:
         p.on_first_token(req, now + prompt_ms / 1000.0)
         p.on_finished(req, now + 1.0, prompt_n=54, prompt_ms=prompt_ms, cache_n=3000)
 
+    def taught(self, **over: Any) -> PrefillPolicy:
+        """A policy that has seen three such turns take 877 ms where a tile's price is 54."""
+        p = policy(tps=1000.0, **over)
+        for n in range(3):
+            self.served(p, n, 877.0, now=n * 2.0)
+        return p
+
     def test_nothing_is_trimmed_until_the_server_shows_the_price(self) -> None:
         p = policy(tps=1000.0)
         for n in range(2):  # 877 ms where a tile's price is 54: row by row
@@ -1369,9 +1376,7 @@ class TestRule19TrimShortTurns:
         assert p.on_arrival("t", 54, 3154, 10.0) == [Admit("t", "not cold")]
 
     def test_a_short_turn_is_trimmed_then_sent(self) -> None:
-        p = policy(tps=1000.0)
-        for n in range(3):
-            self.served(p, n, 877.0, now=n * 2.0)
+        p = self.taught()
         [piece] = p.on_arrival("t", 54, 3154, 10.0)
         assert piece == FeedPiece("t", 3154 - 64, trim=True)
         assert p.on_tick(10.01) == []  # nothing else meanwhile decides the turn
@@ -1389,28 +1394,20 @@ class TestRule19TrimShortTurns:
         assert p.on_arrival("t", 54, 3154, 20.0) == [Admit("t", "not cold")]
 
     def test_what_is_not_trimmed(self) -> None:
-        p = policy(tps=1000.0)
-        for n in range(3):
-            self.served(p, n, 877.0, now=n * 2.0)
+        p = self.taught()
         assert p.on_arrival("a", 64, 3164, 10.0) == [Admit("a", "not cold")]  # a tile already
         assert p.on_arrival("b", 54, 554, 10.0) == [Admit("b", "not cold")]  # little cached
-        off = policy(tps=1000.0, trim_short_turns=False)
-        for n in range(3):
-            self.served(off, n, 877.0, now=n * 2.0)
+        off = self.taught(trim_short_turns=False)
         assert off.on_arrival("c", 54, 3154, 10.0) == [Admit("c", "not cold")]
 
     def test_with_enough_decode_tokens_beside_it_the_batch_is_a_tile(self) -> None:
-        p = policy(tps=1000.0)
-        for n in range(3):
-            self.served(p, n, 877.0, now=n * 2.0)
+        p = self.taught()
         for i in range(10):
             busy(p, f"s{i}", 9.0)
         assert p.on_arrival("t", 54, 3154, 10.0) == [Admit("t", "not cold")]  # 64 rows
 
     def test_a_failed_trim_sends_the_turn_as_it_came_and_a_leaving_client_cancels_it(self) -> None:
-        p = policy(tps=1000.0)
-        for n in range(3):
-            self.served(p, n, 877.0, now=n * 2.0)
+        p = self.taught()
         p.on_arrival("t", 54, 3154, 10.0)
         assert p.on_piece_failed("t", "HTTP 500", 10.1) == [
             Forward("t", "trim piece failed, forwarded as it came: HTTP 500")]
