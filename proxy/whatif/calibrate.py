@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.prefill.batch_cost import PRIOR, PRIOR_SHAPES, batch_row
+from proxy.prefill.narrow import MIN_KCELLS, MIN_SAMPLES
 from proxy.prefill.nnls import nonnegative_lstsq
 from proxy.prefill.sizing import TILE_ROWS
 from proxy.report.model import Span
@@ -291,17 +292,10 @@ def tiled_ms(costs: Costs, obs: PrefillObs, n_ubatch: int) -> float:
             + costs.per_token_per_kv_ms * p + costs.decode_per_kctx_ms * obs.dec_kctx * obs.batches)
 
 
-MIN_NARROW = 3
-"""Prompts computed in one micro-batch under TILE_ROWS rows the row-by-row price needs."""
-MIN_NARROW_KCELLS = 20.0
-"""... each attending to this many thousand cells in all (20 tokens after 1,000): fewer cost little
-more than their batch's fixed part, and tell nothing of the rows."""
-
-
 def _narrow(obs: PrefillObs) -> bool:
     """A prompt computed in one micro-batch under TILE_ROWS rows, after enough context to tell the
     row-by-row price (a shorter one stays with the tiled fit: its fixed part is most of it)."""
-    return obs.micro == 1 and obs.batches == 1 and obs.narrow >= MIN_NARROW_KCELLS
+    return obs.micro == 1 and obs.batches == 1 and obs.narrow >= MIN_KCELLS
 
 
 def _fit_narrow(cal: Calibration, usable: Sequence[PrefillObs], n_ubatch: int) -> Costs:
@@ -309,8 +303,8 @@ def _fit_narrow(cal: Calibration, usable: Sequence[PrefillObs], n_ubatch: int) -
     in one micro-batch under TILE_ROWS rows (`_narrow`) took beyond its tiled price, per thousand
     cells its tokens attended to. A day of follow-up turns has many (`bench day`: 47-58 new
     tokens after 1,100-6,600 cached); a server with no such path prices them at about zero."""
-    if len(usable) < MIN_NARROW:
-        cal.notes.append(f"prefill.narrow_per_row_kctx_ms: under {MIN_NARROW} prompts computed in "
+    if len(usable) < MIN_SAMPLES:
+        cal.notes.append(f"prefill.narrow_per_row_kctx_ms: under {MIN_SAMPLES} prompts computed in "
                          f"one micro-batch of under {TILE_ROWS} rows after a long context: a "
                          "micro-batch of fewer rows is priced as a tiled one (ggml's CPU flash "
                          "attention computes it row by row; `slotwise bench pieces --sizes "
