@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from proxy.prefill.narrow import kcells
 from proxy.prefill.sizing import TILE_ROWS
 from proxy.whatif.costs import Costs
 
@@ -77,8 +78,8 @@ def narrow_kcells(decoders: int, runs: Sequence[PromptRun], n_ubatch: int, unifi
         for run in runs:
             last = run.tokens - (math.ceil(run.tokens / ub) - 1) * ub
             if 0 < last < TILE_ROWS:
-                total += last * (run.ctx + run.tokens - last / 2)
-        return total / 1000.0
+                total += kcells(last, run.ctx + run.tokens - last)
+        return total
     rows = decoders + sum(r.tokens for r in runs)
     last = rows - (math.ceil(rows / ub) - 1) * ub
     if not runs or last >= TILE_ROWS:
@@ -86,11 +87,11 @@ def narrow_kcells(decoders: int, runs: Sequence[PromptRun], n_ubatch: int, unifi
     total, left = 0.0, last  # the batch's last `last` rows: the runs' tails, the last run first
     for run in reversed(runs):
         n = min(left, run.tokens)
-        total += n * (run.ctx + run.tokens - n / 2)
+        total += kcells(n, run.ctx + run.tokens - n)
         left -= n
         if left <= 0:
             break
-    return total / 1000.0
+    return total
 
 
 def decode_steps_ms(costs: Costs, decoders: int, attended: int, growth: int,
