@@ -78,6 +78,44 @@ class TestCacheModel:
         cache.record(follow_up, 1100)
         assert cache.estimate_cached(seq(0, 1000) + seq(7000, 300)) == 1000
 
+    def test_how_much_of_a_reply_follow_ups_find_is_learned(self) -> None:
+        """A template that renders a reply otherwise than it was generated (a reasoning model's
+        drops the thinking): the server found 40 of 265 held tokens, three times; the estimate
+        then counts that share of a held reply, and says the count is a guess until follow-ups
+        were seen to find their reply whole."""
+        cache = CacheModel(8, 65536)
+        for k in range(3):
+            history = seq(k * 10_000, 1000)
+            cache.record(history, 0, generated=265)
+            cache.record(history + seq(k * 10_000 + 5000, 265 + 54), 1040, generated=200)
+        assert cache.replies.share() == pytest.approx(40 / 265)
+        assert not cache.replies.found_whole()
+        cache.record(seq(50_000, 1000), 0, generated=265)
+        est = estimate(seq(50_000, 1000) + seq(55_000, 265 + 54), cache)
+        assert est.new_tokens == 265 + 54 - 40
+        assert est.guessed_tokens == 40
+
+    def test_replies_found_whole_make_the_count_sure(self) -> None:
+        """Found but for the last sampled token (never computed into the cache): whole."""
+        cache = CacheModel(8, 65536)
+        assert estimate(seq(0, 10), cache).guessed_tokens == 0  # no reply at stake
+        cache.record(seq(0, 1000), 0, generated=265)
+        assert estimate(seq(0, 1000) + seq(5000, 319), cache).guessed_tokens == 265  # not seen yet
+        for k in range(3):
+            history = seq(k * 10_000 + 100_000, 1000)
+            cache.record(history, 0, generated=265)
+            cache.record(history + seq(k * 10_000 + 105_000, 319), 1264, generated=200)
+        assert cache.replies.found_whole() and cache.replies.share() == pytest.approx(264 / 265)
+        est = estimate(seq(0, 1000) + seq(5000, 319), cache)
+        assert (est.new_tokens, est.guessed_tokens) == (319 - 264, 0)
+
+    def test_a_lost_slot_says_nothing_of_replies(self) -> None:
+        cache = CacheModel(8, 65536)
+        cache.record(seq(0, 1000), 0, generated=265)
+        cache.record(seq(0, 1000) + seq(5000, 319), 300)  # another took the slot
+        cache.record(seq(0, 10) + seq(9000, 100), 0)  # no held reply repeated
+        assert cache.replies.summary() == "no follow-up seen yet"
+
     def test_whole_prompt_cached_still_computes_one_token(self) -> None:
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 128))

@@ -1400,6 +1400,13 @@ class TestRule19TrimShortTurns:
         off = self.taught(trim_short_turns=False)
         assert off.on_arrival("c", 54, 3154, 10.0) == [Admit("c", "not cold")]
 
+    def test_a_turn_whose_estimate_rests_on_a_held_reply_is_not_trimmed(self) -> None:
+        """Until follow-ups were seen to find their reply whole, the estimate's count of it is a
+        guess: where the template renders the reply otherwise, the trim piece would compute what
+        was missed (row by row when under 64 tokens), then the turn its 64 more."""
+        p = self.taught()
+        assert p.on_arrival("t", 54, 3154, 10.0, guessed_tokens=250) == [Admit("t", "not cold")]
+
     def test_with_enough_decode_tokens_beside_it_the_batch_is_a_tile(self) -> None:
         p = self.taught()
         for i in range(10):

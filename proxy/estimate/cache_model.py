@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.estimate.replies import ReplyReuse
+
 BLOCK_TOKENS = 64
 SLOT_SIMILARITY = 0.1
 """llama-server's `--slot-prompt-similarity` default: a prompt goes to the slot it shares the
@@ -59,12 +61,19 @@ class _Entry:
     """Tokens the server generated after `ids` and holds with them (a reply; their ids are not
     known here): a prompt that shares all of `ids` finds up to that many more cached, since a
     chat's next turn repeats the reply (`bench day`: follow-ups estimated at 166-352 new tokens
-    computed 50-58)."""
+    computed 50-58), as far as its template renders the reply as generated (replies.py)."""
 
-    def common(self, ids: Sequence[int], chain: list[int], block: int) -> int:
-        """Tokens this entry shares with `ids` from the start: whole blocks by their hashes,
-        then token by token inside the first block that differs; past all of its own, its
-        generated tokens."""
+    def common(self, ids: Sequence[int], chain: list[int], block: int,
+               reply_share: float = 1.0) -> int:
+        """Tokens this entry shares with `ids` from the start: its prompt's, then its generated
+        tokens at `reply_share` (`parts`)."""
+        prompt, reply = self.parts(ids, chain, block)
+        return prompt + round(reply * reply_share)
+
+    def parts(self, ids: Sequence[int], chain: list[int], block: int) -> tuple[int, int]:
+        """Tokens of its prompt this entry shares with `ids` from the start (whole blocks by their
+        hashes, then token by token inside the first block that differs); and, past all of its
+        prompt, how many of its generated tokens `ids` would find if the reply is found whole."""
         start = common_blocks(self.chain, chain) * block
         extra = 0
         for mine, theirs in zip(self.ids[start:start + block], ids[start:start + block],
@@ -74,8 +83,8 @@ class _Entry:
             extra += 1
         shared = start + extra
         if shared == len(self.ids) and self.generated:
-            shared += max(0, min(self.generated, len(ids) - shared))
-        return shared
+            return shared, max(0, min(self.generated, len(ids) - shared))
+        return shared, 0
 
     def cut(self, tokens: int, block: int) -> None:
         if tokens >= len(self.ids):  # the server kept its prompt and part of the reply
@@ -109,6 +118,8 @@ class CacheModel:
         self._ram: list[_Entry] = []  # oldest first, as llama-server evicts them
         self._ram_room = n_ctx if ram_tokens is None else max(0, ram_tokens)
         self._ram_hits = 0
+        self.replies = ReplyReuse()
+        """How much of a held reply follow-ups found cached (learned in `record`)."""
         self.ram_off = False
         """The server found nothing of a prompt the RAM cache was to hold, and never anything:
         its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled."""
@@ -129,6 +140,20 @@ class CacheModel:
 
     def estimate_cached(self, ids: Sequence[int]) -> int:
         return self._cached(ids, block_hashes(ids, self._block))
+
+    def estimate_parts(self, ids: Sequence[int]) -> tuple[int, int]:
+        """`estimate_cached(ids)`, and how many of those tokens are a held reply counted at the
+        share follow-ups found (`replies`)."""
+        chain = block_hashes(ids, self._block)
+        cached = self._cached(ids, chain)
+        ram = self._ram_match(ids, chain)
+        holders = [self._ram[ram[0]]] if ram is not None else self._entries
+        share = self.replies.share()
+        for entry in holders:
+            prompt, reply = entry.parts(ids, chain, self._block)
+            if prompt + round(reply * share) >= cached:
+                return cached, max(0, min(round(reply * share), cached - prompt))
+        return cached, 0
 
     def found(self, ids: Sequence[int]) -> tuple[int, int]:
         """The most of `ids` a slot holds, and what the RAM cache would give back (0: nothing)."""
@@ -156,6 +181,8 @@ class CacheModel:
         """`generated`: the tokens the server generated after `ids` (the reply it holds too)."""
         ids = list(ids[:self._n_ctx])
         chain = block_hashes(ids, self._block)
+        if cache_n_reported is not None:
+            self._observe_reply(ids, chain, cache_n_reported)
         ram = self._ram_match(ids, chain)
         if cache_n_reported is not None and ram is not None and cache_n_reported < ram[1]:
             self._ram_missed(ram[0])
@@ -168,7 +195,7 @@ class CacheModel:
         best = self._best_match(ids, chain)
         if best is not None:
             old = self._entries.pop(best)
-            if old.common(ids, chain, self._block) < RAM_SAVE_BELOW * len(old.ids):
+            if self._common(old, ids, chain) < RAM_SAVE_BELOW * len(old.ids):
                 self._save_ram(old)
         self._entries.append(_Entry(ids, chain, max(0, min(generated, self._n_ctx - len(ids)))))
         self._evict()
@@ -186,8 +213,25 @@ class CacheModel:
         self._entries.clear()
         self._ram.clear()
 
+    def _observe_reply(self, ids: Sequence[int], chain: list[int], cache_n: int) -> None:
+        """What the server found of the held reply `ids` repeats, if any: the entry (a slot's or
+        RAM's) whose prompt `ids` shares whole and that holds the longest, unless the server found
+        less than that prompt (its slot was lost: that says nothing of replies)."""
+        holders = [e for e in (*self._entries, *self._ram)
+                   if e.generated and len(e.ids) < len(ids)
+                   and e.parts(ids, chain, self._block)[0] == len(e.ids)]
+        if not holders:
+            return
+        holder = max(holders, key=lambda e: len(e.ids))
+        if cache_n >= len(holder.ids):
+            claimed = min(holder.generated, len(ids) - 1 - len(holder.ids))
+            self.replies.observe(claimed, cache_n - len(holder.ids))
+
     def _shared(self, ids: Sequence[int], chain: list[int]) -> list[int]:
-        return [e.common(ids, chain, self._block) for e in self._entries]
+        return [self._common(e, ids, chain) for e in self._entries]
+
+    def _common(self, entry: _Entry, ids: Sequence[int], chain: list[int]) -> int:
+        return entry.common(ids, chain, self._block, self.replies.share())
 
     def _cached(self, ids: Sequence[int], chain: list[int]) -> int:
         ram = self._ram_match(ids, chain)
@@ -208,7 +252,7 @@ class CacheModel:
             return None
         best, most = None, max(shared, default=0)
         for i, entry in enumerate(self._ram):
-            common = entry.common(ids, chain, self._block)
+            common = self._common(entry, ids, chain)
             if common >= RAM_MIN_KEEP * len(entry.ids) and common > most:
                 best, most = (i, common), common
         return best
@@ -218,10 +262,10 @@ class CacheModel:
         entry holds it already, the entries it holds dropped, the oldest evicted for room."""
         size = len(entry.ids)
         if self.ram_off or not 0 < size <= self._ram_room or any(
-                e.common(entry.ids, entry.chain, self._block) == size for e in self._ram):
+                self._common(e, entry.ids, entry.chain) == size for e in self._ram):
             return
         self._ram = [e for e in self._ram
-                     if entry.common(e.ids, e.chain, self._block) < len(e.ids)]
+                     if self._common(entry, e.ids, e.chain) < len(e.ids)]
         self._ram.append(entry)
         while sum(len(e.ids) for e in self._ram) > self._ram_room:
             self._ram.pop(0)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.estimate.cache_model import CacheModel
+from proxy.estimate.replies import MIN_CLAIM
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,9 @@ class Estimate:
     """All tokens of the prompt (what the server reports as prompt_n + cache_n)."""
     new_tokens: int
     """Tokens the server is expected to compute (not found in its cache)."""
+    guessed_tokens: int = 0
+    """Of the cached tokens, those of a held reply while this server has not shown that follow-ups
+    find their reply whole (`ReplyReuse.found_whole`): they may have to be computed after all."""
 
     @property
     def cached_tokens(self) -> int:
@@ -25,5 +29,10 @@ class Estimate:
 
 def estimate(ids: Sequence[int], cache: CacheModel | None = None) -> Estimate:
     """Without a cache model every token counts as new (the safe side: more requests are cold)."""
-    cached = cache.estimate_cached(ids) if cache is not None else 0
-    return Estimate(prompt_tokens=len(ids), new_tokens=len(ids) - cached)
+    if cache is None:
+        return Estimate(prompt_tokens=len(ids), new_tokens=len(ids))
+    cached, reply = cache.estimate_parts(ids)
+    # a reply of a few tokens is counted without doubt: missed, it costs a trim piece a few rows
+    sure = reply < MIN_CLAIM or cache.replies.found_whole()
+    return Estimate(prompt_tokens=len(ids), new_tokens=len(ids) - cached,
+                    guessed_tokens=0 if sure else reply)

@@ -24,6 +24,7 @@ from proxy.estimate import (
 )
 from proxy.estimate.ids_cache import PromptIdsCache, body_key
 from proxy.estimate.prompt import check_fits
+from proxy.estimate.replies import MIN_SEEN
 from proxy.prefill.layout import ServerLayout, layout_advice, read_layout
 from proxy.upstream import UpstreamCallError, UpstreamClient
 
@@ -47,6 +48,7 @@ class Estimator:
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
+        self._replies_told = False
         self.layout = ServerLayout()
         """llama-server's slots and KV layout, once `/props` has been read."""
 
@@ -74,8 +76,9 @@ class Estimator:
         if log.isEnabledFor(logging.DEBUG):
             slot, ram = self.cache.found(ids)
             log.debug("estimate: %d prompt tokens, %d of them in a slot, %d in RAM (entries: "
-                      "slots %s, RAM %s)", len(ids), slot, ram, self.cache.cached_tokens,
-                      self.cache.ram_tokens)
+                      "slots %s, RAM %s; replies: %s)", len(ids), slot, ram,
+                      self.cache.cached_tokens, self.cache.ram_tokens,
+                      self.cache.replies.summary())
         return ids, estimate(ids, self.cache)
 
     async def prompt_ids(self, config: PrefillConfig, kind: str, body: Mapping[str, Any]) -> list[int]:
@@ -110,6 +113,13 @@ class Estimator:
         them: update the cache model."""
         off = self.cache.ram_off
         self.cache.record(ids, cache_n, generated)
+        replies = self.cache.replies
+        if not self._replies_told and len(replies.whole) >= MIN_SEEN:
+            self._replies_told = True
+            log.info("%s: %s", replies.summary(), "a held reply is counted as cached" if
+                     replies.found_whole() else "a held reply is counted at the share found, and "
+                     "short turns that would count on one are not trimmed (a chat template that "
+                     "renders replies otherwise than generated, e.g. a reasoning model's)")
         if self.cache.ram_off and not off:
             log.info("llama-server did not have a history its RAM prompt cache would have held: "
                      "taken to run without one (--cache-ram 0); prompts that left their slot now "

@@ -29,6 +29,9 @@ class Arrived:
     background: bool = False
     """Its purpose is a background job's (`prefill.background_purposes`): cold by a smaller stall
     while slots are to spare (rule 1), after the chat turns for a freed slot (rule 12)."""
+    guessed_tokens: int = 0
+    """Of its cached tokens, those of a held reply this server has not shown to find whole
+    (`Estimate.guessed_tokens`): a trim (rule 19) is only as good as the estimate."""
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class PrefillGate:
             self._apply(self._policy.on_arrival(
                 key, est.new_tokens if ids else 0, est.prompt_tokens if ids else 0, start,
                 restorable, first_upto=self._estimator.first_piece_floor(ids),
-                background=cfg.is_background(flight.purpose)))
+                background=cfg.is_background(flight.purpose), guessed_tokens=est.guessed_tokens))
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)

@@ -1,0 +1,60 @@
+"""How much of a reply held in a slot the conversation's next prompt finds cached on this server,
+learned from what the server reported. Pure.
+
+llama-server keeps a slot's reply with its prompt, so a chat's next turn, which repeats the reply,
+finds it cached only as far as the chat template renders the reply as its tokens were generated:
+all of it for most models, little for reasoning models (their templates drop the thinking from
+earlier turns) or where the reply's text tokenizes otherwise (the testbed's random model: in
+`bench day` 7 of 12 follow-ups found 24-240 tokens of their ~110-290-token reply missing; the rest
+found all of it). The cache model counts a held reply at the median share found, and the prefill
+policy trims a short turn whose estimate rests on a reply only where replies are found whole.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+MIN_CLAIM = 16
+"""A prompt that would find fewer of a held reply's tokens than this teaches nothing (the end of
+a reply, where the template's closing tokens differ from what the model generated)."""
+WHOLE_SLACK = 2
+"""A reply found but for this many tokens counts as found whole (its last sampled token is never
+computed into the cache; a template may trim a trailing space)."""
+KEEP = 16
+"""The latest observations the figures are taken from."""
+MIN_SEEN = 3
+WHOLE_SHARE = 0.8
+"""Replies are found whole on this server when at least this share of the latest follow-ups
+found theirs whole, and at least MIN_SEEN were seen."""
+
+
+@dataclass
+class ReplyReuse:
+    """The share of a held reply that follow-ups found cached, latest first out."""
+
+    found: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
+    whole: deque[bool] = field(default_factory=lambda: deque(maxlen=KEEP))
+
+    def observe(self, claimed: int, found: int) -> None:
+        """A prompt that would find `claimed` tokens of a held reply found `found` of them."""
+        if claimed < MIN_CLAIM:
+            return
+        found = max(0, min(found, claimed))
+        self.found.append(found / claimed)
+        self.whole.append(found >= claimed - WHOLE_SLACK)
+
+    def share(self) -> float:
+        """The median share found; all of it until something was seen (most models)."""
+        return statistics.median(self.found) if self.found else 1.0
+
+    def found_whole(self) -> bool:
+        """Whether a held reply can be counted on, to the token: False until MIN_SEEN were seen."""
+        return len(self.whole) >= MIN_SEEN and sum(self.whole) >= WHOLE_SHARE * len(self.whole)
+
+    def summary(self) -> str:
+        if not self.found:
+            return "no follow-up seen yet"
+        return (f"{sum(self.whole)} of the latest {len(self.whole)} follow-ups found their reply "
+                f"whole; median share found {self.share():.0%}")
