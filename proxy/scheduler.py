@@ -3,8 +3,10 @@ on it: the estimator, the pure policy, the keeper of saved KV (keep_kv, when ena
 warm-ups are built here together and handed to the gate as constructor arguments
 (`prefill/hooks.py`), sharing one wake-up event; the gate is published as the handler's
 `ADMISSION`, hears the registry, runs the one loop that acts on llama-server's time (the warm-ups
-tick in it), and pushes its status section and gauges to the ops pages. The warm and keep features
-add their routes, metrics, status and the keeper's start around the parts built here.
+tick in it), and pushes its status section and gauges to the ops pages. What the policy and the
+estimator learned of the server is read from and written to `prefill.learned_file` here. The warm
+and keep features add their routes, metrics, status and the keeper's start around the parts built
+here.
 
 A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses the reload).
 """
@@ -12,6 +14,7 @@ A `prefill.tokenizer_model` that cannot be loaded stops the start (or refuses th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -25,6 +28,7 @@ from proxy.ops.metrics import METRICS
 from proxy.prefill.estimator import ESTIMATOR, Estimator
 from proxy.prefill.feeder import PieceFeeder
 from proxy.prefill.gate import PrefillGate
+from proxy.prefill.learned_file import LearnedFile
 from proxy.prefill.policy import PrefillPolicy
 from proxy.prefill.views import PrefillCollector, prefill_view
 from proxy.request.admission import ADMISSION
@@ -68,9 +72,20 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if state.config.prefill.mode != "off" or keeper is not None:
             await estimator.read_props(state.config.prefill.mode)
 
+    learned = (LearnedFile(config.prefill.learned_file, policy, estimator, config.prefill.n_batch)
+               if config.prefill.learned_file else None)
+    if learned is not None:
+        state.status_sections["learned_file"] = lambda: {"path": str(learned.path),
+                                                          "status": learned.status}
     try:
-        async with background(gate.run(), "slotwise-prefill-tick"), \
-                background(read_layout(), "slotwise-layout"):
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(background(gate.run(), "slotwise-prefill-tick"))
+            await stack.enter_async_context(background(read_layout(), "slotwise-layout"))
+            if learned is not None:
+                await stack.enter_async_context(
+                    background(learned.run(config.prefill), "slotwise-learned"))
             yield
     finally:
         await gate.close()
+        if learned is not None:
+            await asyncio.to_thread(learned.save)

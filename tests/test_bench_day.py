@@ -146,13 +146,15 @@ def test_automatic_slots_count_as_four_for_the_context() -> None:
 
 def test_slotwise_has_everything_on() -> None:
     plan = plan_day()
-    tables = slotwise_tables(plan, "/kv")
+    tables = slotwise_tables(plan, "/kv", "/run/learned.json")
     assert tables["prefill"] == {"mode": "chunk", "cold_tokens": plan.long_tokens,
-                                 "background_purposes": ["translation"]}
+                                 "background_purposes": ["translation"],
+                                 "learned_file": "/run/learned.json"}
     assert tables["lora"]["mode"] == "fixed"
     assert tables["warm"]["enabled"] is True
     assert tables["keep_kv"] == {"enabled": True, "dir": "/kv", "min_tokens": 1024}
-    assert slotwise_tables(plan, "/kv", yesterday=True)["keep_kv"]["save_after_idle_s"] == 1.0
+    yesterday = slotwise_tables(plan, "/kv", "/run/learned.json", yesterday=True)
+    assert yesterday["keep_kv"]["save_after_idle_s"] == 1.0
 
 
 def test_the_chunk_path_turns_on_chunk_alone_and_is_played_only_when_asked() -> None:

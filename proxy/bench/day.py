@@ -243,16 +243,18 @@ def slots_of(args: Sequence[str]) -> int:
     return 4
 
 
-def slotwise_tables(plan: DayPlan, save_dir: str, *, yesterday: bool = False
+def slotwise_tables(plan: DayPlan, save_dir: str, learned_file: str, *, yesterday: bool = False
                     ) -> dict[str, dict[str, Any]]:
     """slotwise with everything on: one LoRA profile, chunk (the translations background jobs),
     warm-ups, keep_kv (yesterday: saved a second after each turn, so the evening's saves need not
-    wait for the default two minutes)."""
+    wait for the default two minutes), and what it learned of the server yesterday kept for the
+    day (`learned_file`, as the systemd example has it)."""
     keep: dict[str, Any] = {"enabled": True, "dir": save_dir, "min_tokens": plan.keep_min_tokens()}
     if yesterday:
         keep["save_after_idle_s"] = 1.0
     return {"prefill": {"mode": "chunk", "cold_tokens": plan.long_tokens,
-                        "background_purposes": [PURPOSE[Act.TRANSLATE]]},
+                        "background_purposes": [PURPOSE[Act.TRANSLATE]],
+                        "learned_file": learned_file},
             "lora": {"mode": "fixed", "adapters": [dict(a) for a in FIXED_LORA]},
             "warm": {"enabled": True}, "keep_kv": keep}
 

@@ -173,6 +173,10 @@ def run_path(model: ModelFiles, plan: DayPlan, setup: Sequence[str], path: str, 
             "day": figures}
 
 
+LEARNED = "slotwise-learned.json"
+"""What slotwise learned of the server yesterday, kept for the day (the run's folder)."""
+
+
 def _server(model: ModelFiles, args: list[str], log: Path) -> LlamaServer:
     return LlamaServer(model.model, lora=model.lora, args=args, log_path=log,
                        startup_timeout=STARTUP_S)
@@ -181,7 +185,8 @@ def _server(model: ModelFiles, args: list[str], log: Path) -> LlamaServer:
 def _evening(model: ModelFiles, plan: DayPlan, args: list[str], work: Path, save: Path) -> None:
     with _server(model, args, work / "llama-server-yesterday.log") as server, \
             SlotwiseProcess(server.url, work / "slotwise-yesterday",
-                            **slotwise_tables(plan, str(save), yesterday=True)) as sw:
+                            **slotwise_tables(plan, str(save), str(work / LEARNED),
+                                              yesterday=True)) as sw:
         asyncio.run(evening(sw, plan))
 
 
@@ -197,7 +202,8 @@ def _day(model: ModelFiles, plan: DayPlan, args: list[str], path: str, work: Pat
             log, proxy = _client_log(work, calls, offset), []
         else:
             everything = path == "slotwise"
-            tables = slotwise_tables(plan, str(save)) if everything else chunk_tables(plan)
+            tables = (slotwise_tables(plan, str(save), str(work / LEARNED)) if everything
+                      else chunk_tables(plan))
             with SlotwiseProcess(server.url, work / "slotwise", **tables) as sw:
                 if everything:
                     asyncio.run(_wait_keep(sw))

@@ -136,6 +136,7 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
         background_purposes=_purposes(data.get("background_purposes", [])),
         trim_short_turns=flag(data, "trim_short_turns", "prefill.trim_short_turns",
                               d.trim_short_turns),
+        learned_file=string(data, "learned_file", "prefill.learned_file", d.learned_file),
     )
 
 

@@ -133,6 +133,10 @@ class PrefillConfig:
     that computes so few rows one at a time (llama-server's flash attention on a CPU: learned from
     the requests that did), computes 64 of its cached tokens again with them, in one tile: a
     trim piece first (docs/prefill.md)."""
+    learned_file: str = ""
+    """A file where slotwise keeps what it measured of its llama-server across its own restarts
+    (the batch cost, the row-by-row price, how much of a reply follow-ups find), for the same
+    model, build, slots and n_batch; empty: learned again after each start. Read at start."""
 
     def is_background(self, purpose: str | None) -> bool:
         """Whether a request with this `X-Slotwise-Purpose` is a background job."""

@@ -45,6 +45,16 @@ class ReplyReuse:
         self.found.append(found / claimed)
         self.whole.append(found >= claimed - WHOLE_SLACK)
 
+    def adopt(self, seen: list[tuple[float, bool]]) -> None:
+        """Observations kept from before a restart (share found, found whole), oldest first, as
+        if seen before any since."""
+        now = list(zip(self.found, self.whole, strict=True))
+        self.found.clear()
+        self.whole.clear()
+        for share, whole in [*seen, *now]:
+            self.found.append(share)
+            self.whole.append(whole)
+
     def share(self) -> float:
         """The median share found; all of it until something was seen (most models)."""
         return statistics.median(self.found) if self.found else 1.0

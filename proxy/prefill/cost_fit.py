@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
@@ -47,7 +48,7 @@ class CostFit:
     source: str
     """`prior` (nothing measured yet, or everything dropped) or `fitted`."""
     samples: int
-    """Observations accepted since the start."""
+    """Observations accepted since the start, with those kept from before it (`adopt`)."""
     in_fit: int
     """Observations the current fit is made of (the window, after any shift)."""
     ignored: int
@@ -119,6 +120,11 @@ class BatchCostModel:
             return
         self._observe(prompt_row(prompt_n, cache_n, n_batch, decoders, cells), prompt_ms)
 
+    @property
+    def shifts(self) -> int:
+        """Times the machine was seen to change (older samples dropped)."""
+        return self._shifts
+
     def needs_probe(self, run: int = 12) -> bool:
         """Whether the last `run` observations were all batches of one size: then the samples cannot
         tell what a batch costs whatever its size from what each token costs (nor the context read
@@ -126,6 +132,22 @@ class BatchCostModel:
         whole prompt. The strategy then makes one piece larger, to measure."""
         recent = list(self._samples)[-run:]
         return len(recent) == run and len({s.row[1] for s in recent}) == 1
+
+    def export(self) -> list[tuple[Row, float, float]]:
+        """The samples the fit stands on, oldest first: each batch's row, its time and the scale
+        its error counts relative to (what `adopt` takes back after a restart)."""
+        return [(s.row, s.ms, s.scale) for s in self._samples]
+
+    def adopt(self, samples: Sequence[tuple[Row, float, float]]) -> None:
+        """Samples `export` gave (checked by the caller), as if observed before any since: the
+        fit stands on them at once. Their errors and shifts are not replayed."""
+        kept = list(self._samples)
+        self._samples.clear()
+        for row, ms, scale in [*samples, *((s.row, s.ms, s.scale) for s in kept)]:
+            self._samples.append(Sample(row, ms, scale, self._prior.time_ms(row)))
+        self._accepted += len(samples)
+        if self._samples:
+            self._cost = self._fit()
 
     def describe(self) -> CostFit:
         return CostFit(

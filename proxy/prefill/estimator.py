@@ -5,6 +5,7 @@ else the upstream) and owns the cache model, which each finished request correct
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ class Estimator:
         self._local: tuple[str, LocalTokenizer] | None = None
         self.cache = CacheModel(DEFAULT_SLOTS, DEFAULT_CTX)
         self._props_read = False
+        self._props_lock = asyncio.Lock()
         self._replies_told = False
         self.layout = ServerLayout()
         """llama-server's slots and KV layout, once `/props` has been read."""
@@ -127,7 +129,13 @@ class Estimator:
 
     async def read_props(self, mode: str) -> None:
         """Size the cache model from `/props` (slots, per-slot context), and log once what in the
-        server's layout costs `mode` a lot; retried until `/props` answers."""
+        server's layout costs `mode` a lot; retried until `/props` answers. Once read, a no-op
+        (start-up's read, the first request's and the learned file's may come together)."""
+        async with self._props_lock:
+            if not self._props_read:
+                await self._read_props(mode)
+
+    async def _read_props(self, mode: str) -> None:
         try:
             props = await self._upstream.get_json("/props", timeout_s=PROPS_TIMEOUT_S)
         except UpstreamCallError as exc:

@@ -23,6 +23,10 @@ class ServerLayout:
     """`/props` default_generation_settings.n_ctx: each slot's context."""
     train_ctx: int | None = None
     """`/v1/models` meta.n_ctx_train: the model's training context."""
+    model: str | None = None
+    """`/props` model_path: the model file the server runs."""
+    build: str | None = None
+    """`/props` build_info: llama.cpp's version and commit."""
 
     @property
     def shared_kv(self) -> bool | None:
@@ -46,7 +50,11 @@ def read_layout(props: Any, models: Any) -> ServerLayout:
     slots = _positive(props.get("total_slots")) if isinstance(props, dict) else None
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     slot_ctx = _positive(settings.get("n_ctx")) if isinstance(settings, dict) else None
-    return ServerLayout(slots=slots, slot_ctx=slot_ctx, train_ctx=_train_ctx(models))
+    model = props.get("model_path") if isinstance(props, dict) else None
+    build = props.get("build_info") if isinstance(props, dict) else None
+    return ServerLayout(slots=slots, slot_ctx=slot_ctx, train_ctx=_train_ctx(models),
+                        model=model if isinstance(model, str) else None,
+                        build=build if isinstance(build, str) else None)
 
 
 def _train_ctx(models: Any) -> int | None:

@@ -51,6 +51,12 @@ class NarrowPrice:
         if 0 < tokens < TILE_ROWS and cells >= MIN_KCELLS:
             self.samples.append((ms - tiled_ms) / cells)
 
+    def adopt(self, samples: list[float]) -> None:
+        """Samples kept from before a restart, oldest first, as if seen before any since."""
+        now = list(self.samples)
+        self.samples.clear()
+        self.samples.extend([*samples, *now])
+
     def per_row_kctx_ms(self) -> float | None:
         """None until MIN_SAMPLES were seen; never below 0."""
         if len(self.samples) < MIN_SAMPLES:

@@ -6,7 +6,10 @@ no clock (every call takes `now`), no log. The cold plans' turn is `plans.py`'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from proxy.config import PrefillConfig
+from proxy.prefill.batch_cost import Row
 from proxy.prefill.cold import stall_reason
 from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import (
@@ -212,6 +215,8 @@ class PrefillPolicy:
         self._warm_pieces = 0
         self._saving: str | None = None
         self._narrow = NarrowPrice()  # rule 19
+        self._narrow_shifts = 0
+        """The batch cost's shifts the row-by-row price was learned after (rule 19)."""
         self._trims: dict[str, Arrived] = {}
         """Rule 19: short turns whose trim piece is in flight."""
         self.save_ms: float | None = None
@@ -263,6 +268,18 @@ class PrefillPolicy:
         self._line.restores.pop(req_id)
         self._notes[req_id] = f"keep_kv: {reason}, computed instead"
         return [*self._arrive(waiting.req, now), *self._advance(now)]
+
+    def learned(self) -> tuple[list[tuple[Row, float, float]], list[float]]:
+        """What it measured of this server: the batch cost's samples and the row-by-row price's
+        (prefill/learned.py keeps them across slotwise's restarts)."""
+        return self._cost.export(), list(self._narrow.samples)
+
+    def adopt_learned(self, batches: Sequence[tuple[Row, float, float]],
+                      narrow: list[float]) -> None:
+        """What `learned` gave before a restart, on the same server, as if measured first."""
+        self._cost.adopt(batches)
+        self._narrow.adopt(narrow)
+        self._narrow_shifts = self._cost.shifts
 
     def set_slots(self, slots: int | None) -> None:
         """The server's slot count (`/props`), once known."""
@@ -456,6 +473,8 @@ class PrefillPolicy:
         """Rule 19: its trim piece, if it pays; else nothing."""
         if not self._cfg.trim_short_turns or req.guessed_tokens:
             return []
+        if self._cost.shifts != self._narrow_shifts:  # the machine changed: learned again
+            self._narrow, self._narrow_shifts = NarrowPrice(), self._cost.shifts
         cut = trim(self._cost.cost, self._narrow, req.est_new_tokens, req.est_prompt_tokens,
                    self._use.decoders(), self._use.cells())
         if cut is None:

@@ -59,12 +59,14 @@ class PolicySeam:
         """Decisions of a kind this seam does not know, by name (left unapplied)."""
 
     def arrived(self, key: str, est_new: int, est_prompt: int, now: float,
-                restorable: Restorable | None = None, purpose: str | None = None) -> list[Action]:
+                restorable: Restorable | None = None, purpose: str | None = None,
+                guessed: int = 0) -> list[Action]:
+        """`guessed`: of its cached tokens, a held reply's not known to be found (rule 19)."""
         if self._policy is None:
             return [Send(key, "prefill.mode off")]
         return self._actions(self._policy.on_arrival(
             key, est_new, est_prompt, now, restorable,
-            background=self._config.is_background(purpose)))
+            background=self._config.is_background(purpose), guessed_tokens=guessed))
 
     def restored(self, key: str, est_new: int, now: float) -> list[Action]:
         return [] if self._policy is None else self._actions(

@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.estimate.replies import MIN_CLAIM, ReplyReuse
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, Save
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
@@ -89,6 +90,9 @@ class Replay:
         self._live: dict[str, _Live] = {}
         self._by_flight: dict[Flight, _Live] = {}
         self._found: dict[str, int] = {}
+        self.replies = ReplyReuse()
+        """How much of a held reply follow-ups found, learned as the real cache model does: rule
+        19 trims no turn whose estimate would count on a reply not known to be found whole."""
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
         self._piece_delay_s = costs.piece_ms / 2000.0
@@ -164,8 +168,11 @@ class Replay:
         est_new = 0 if job.starved else job.prompt_tokens - cached
         facts = flight.prefill
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
+        claimed = job.reply[0]
+        guessed = 0 if claimed < MIN_CLAIM or self.replies.found_whole() else claimed
         self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
-                                        self.keeping.restorable(job, cached), flight.purpose), now)
+                                        self.keeping.restorable(job, cached), flight.purpose,
+                                        guessed), now)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
@@ -305,6 +312,7 @@ class Replay:
             return
         if new is Phase.DONE:
             del self._by_flight[flight]
+            self.replies.observe(*live.job.reply)  # as the cache model learns it from cache_n
             prompt_n, total = flight.computed_tokens, flight.prompt_tokens
             timings = flight.timings or {}
             prompt_ms = timings.get("prompt_ms")

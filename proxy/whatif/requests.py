@@ -38,7 +38,7 @@ from proxy.report.records import (
 )
 from proxy.whatif.costs import Costs
 from proxy.whatif.kept import KeptFile, LoggedSave, kept_files, logged_saves
-from proxy.whatif.prompts import SegmentIds, Seq
+from proxy.whatif.prompts import SegmentIds, Seq, lcp
 
 RETURN_GAP_S = 600.0
 """A client away this long whose prompt missed the cache is taken to have come back to the same
@@ -94,6 +94,9 @@ class Job:
     kept: int = 0
     """The prompt's first tokens a kept file held when it arrived (keep_kv: what the log shows it
     restored, with what the server had already); 0: no file."""
+    reply: tuple[int, int] = (0, 0)
+    """The client's previous reply as this prompt repeats it: the tokens slotwise's estimate counts
+    as cached (all the prompt has room for) and those the recorded server found (`_repeated`)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -298,7 +301,17 @@ def _job(record: RecordLine, shape: _Shape, work: Workload,
         events=min(events, shape.generated) if events else (shape.generated if stream else 0),
         stream=stream, client=client, lora_in=lora_asked(record),
         patience_s=_patience(record), overhead_s=_overhead(record), shared=base.length,
-        recorded_cache=shape.cache, kept=kept)
+        recorded_cache=shape.cache, kept=kept, reply=_repeated(prompt, mine[0]) if mine else (0, 0))
+
+
+def _repeated(prompt: Seq, last: Job) -> tuple[int, int]:
+    """The reply of `last` this prompt repeats, claimed and found (0, 0: it does not start with
+    all of `last`'s prompt), as slotwise's cache model learns it (estimate/replies.py)."""
+    common = lcp(prompt, last.out)
+    if last.generated <= 0 or common < last.prompt_tokens:
+        return 0, 0
+    claimed = max(0, min(last.generated, prompt.length - 1 - last.prompt_tokens))
+    return claimed, min(claimed, common - last.prompt_tokens)
 
 
 def _parent(mine: Sequence[Job], recent: Sequence[Job], shape: _Shape, arrival: float,
