@@ -1407,6 +1407,19 @@ class TestRule19TrimShortTurns:
         p = self.taught()
         assert p.on_arrival("t", 54, 3154, 10.0, guessed_tokens=250) == [Admit("t", "not cold")]
 
+    def test_a_machine_seen_to_change_learns_the_price_again(self) -> None:
+        """Three prefills in a row 5x faster than predicted (another device, the same server):
+        the batch cost drops its older samples, and the row-by-row price, which is measured
+        beyond the tiled price, is learned again before anything is trimmed."""
+        p = self.taught()
+        for n, ms in enumerate([600.0] * 6 + [120.0] * 3):  # at the rate taught, then 5x faster
+            req = f"long{n}"
+            p.on_arrival(req, 600, 600, 20.0 + n)
+            p.on_prefill_started(req, 20.0 + n)
+            p.on_finished(req, 20.5 + n, prompt_n=600, prompt_ms=ms, cache_n=0)
+        assert p.snapshot().cost.shifts == 1
+        assert p.on_arrival("t", 54, 3154, 30.0) == [Admit("t", "not cold")]
+
     def test_with_enough_decode_tokens_beside_it_the_batch_is_a_tile(self) -> None:
         p = self.taught()
         for i in range(10):

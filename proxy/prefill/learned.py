@@ -2,8 +2,8 @@
 (`prefill.learned_file`): the batch cost's samples (rule 9), the row-by-row price's (rule 19) and
 how much of a held reply follow-ups find (estimate/replies.py). After a restart the first cold
 prompts are then paced by what the server was measured to cost, not by the prior, and the first
-short follow-ups are trimmed where the price says so (without it `bench day`'s `dan-0`, the first
-such turn after a restart, froze every stream 1.8 s).
+short follow-ups are trimmed where the price learned before says so (a fresh start needs three
+such turns computed row by row first).
 
 Each is kept with the server it was measured on (`ServerKey`: its model file, llama.cpp build,
 slots, slot context, and slotwise's `n_batch`); another server starts afresh. A machine that

@@ -196,9 +196,9 @@ class PrefillPolicy:
         counts a held reply as cached (`guessed_tokens`) until follow-ups on this server were
         seen to find their reply whole (estimate/replies.py): where the template renders it
         otherwise, the trim piece computes what the estimate missed, row by row when under 64
-        tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). The trim piece
-        is in flight like a cold request's and teaches no cost; its end (or failure) sends the
-        turn.
+        tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). A machine seen
+        to change (the batch cost's shift) learns the price again. The trim piece is in flight
+        like a cold request's and teaches no cost; its end (or failure) sends the turn.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
