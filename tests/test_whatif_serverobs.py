@@ -70,6 +70,17 @@ class TestDecodeSteps:
         assert all(o.slots == 1 for o in obs)
         assert all(2.0 < o.kctx < 2.4 for o in obs)  # its prompt and what it generated so far
 
+    def test_a_prompt_starved_of_batches_counts_only_where_it_was_computed(self) -> None:
+        """A request with other LoRA settings waits in its slot until the others are done (its
+        `prompt eval time` is the whole wait: `cho-0`, 573 tokens in 264 s with `-b 512`): taken
+        as computing all that time, it kept every decode window out of the calibration (two left
+        of a day); its tokens are taken to have been computed at the log's median rate, just
+        before its first token."""
+        long = task_lines(0, 1, 0.0, 2000, 2000.0, 0, 400, 40_000.0, tg_every=3.0)
+        starved = task_lines(1, 2, 1.0, 500, 41_500.0, 0, 20, 400.0)
+        clean = decode_obs(tasks_of(long))
+        assert len(decode_obs(tasks_of(long, starved))) == len(clean)
+
     def test_a_window_with_a_prompt_computed_in_it_is_left_out(self) -> None:
         long = task_lines(0, 1, 0.0, 2000, 2000.0, 0, 400, 40_000.0, tg_every=3.0)
         other = task_lines(1, 2, 20.0, 3000, 6000.0, 0, 20, 4000.0)

@@ -30,6 +30,9 @@ from proxy.whatif.settings import ServerSettings
 MIN_TASK_PROMPT = 16
 """A task's prompt shorter than this is too close to a decode step to tell the batch costs apart."""
 MIN_WINDOW_STEPS = 8
+STARVED_FACTOR = 20.0
+"""A prompt that took this many times the log's median time a prompt token waited, not computed
+(`_starved`)."""
 GEN_CELLS = 16
 """Generated tokens placed at a time when the KV's cells are placed again (their times spread
 evenly over the reply)."""
@@ -68,13 +71,36 @@ def _held(task: Task, t: float) -> float:
     return _cells(task, t)
 
 
+def _starved(tasks: Sequence[Task]) -> dict[int, float]:
+    """Tasks whose prompt waited far longer than computing it takes (`STARVED_FACTOR` × the
+    log's median time a prompt token): a request with other LoRA settings in a slot whose tokens
+    no batch took until the others were done (`bench day`'s `cho-0` with `-b 512`: 573 tokens in
+    264 s). By id, the time (s) its prompt is taken to have computed: at that median rate, just
+    before its first token. Taken at its whole wait, it would keep every decode window and every
+    other prompt of the day out of the calibration."""
+    rates = sorted(t.prompt_ms / t.prompt_n for t in tasks
+                   if t.prompt_n and t.prompt_n >= MIN_TASK_PROMPT and t.prompt_ms)
+    if not rates:
+        return {}
+    per_token_ms = rates[(len(rates) - 1) // 2]  # the lower median
+    return {id(t): t.prompt_n * per_token_ms / 1000.0 for t in tasks
+            if t.prompt_n and t.prompt_ms
+            and t.prompt_ms > STARVED_FACTOR * t.prompt_n * per_token_ms}
+
+
 class _Day:
     def __init__(self, tasks: Sequence[Task], server: ServerSettings | None = None) -> None:
         self.tasks = tasks
         self.span = kv_span(tasks, server) if server is not None and server.kv_unified else None
-        self.prefills = [(t, p) for t in tasks if (p := _prefill(t)) is not None]
+        self.starved = _starved(tasks)
+        self.prefills = [(t, self._computing(t, p)) for t in tasks if (p := _prefill(t)) is not None]
         self.gen = [t for t in tasks if t.decode_start_s is not None and t.end_s is not None]
         self.streams = [t for t in self.gen if (t.predicted_n or 0) >= 2]
+
+    def _computing(self, task: Task, span: tuple[float, float]) -> tuple[float, float]:
+        """When the task computed its prompt: a starved one's only its last stretch."""
+        took = self.starved.get(id(task))
+        return span if took is None else (max(span[0], span[1] - took), span[1])
 
     def prompt_beside(self, task: Task | None, t0: float, t1: float) -> bool:
         return any(o is not task and a < t1 and b > t0 for o, (a, b) in self.prefills)
@@ -136,7 +162,8 @@ def _task_prefill(day: _Day, server: ServerSettings) -> list[PrefillObs]:
     for task in day.gen:
         p0, p1 = task.prefill_start_s, task.decode_start_s
         n, ms = task.prompt_n, task.prompt_ms
-        if p0 is None or p1 is None or not n or n < MIN_TASK_PROMPT or not ms:
+        if p0 is None or p1 is None or not n or n < MIN_TASK_PROMPT or not ms or (
+                id(task) in day.starved):
             continue
         if day.prompt_beside(task, p0, p1) or day.changes(p0, p1):
             continue
