@@ -88,4 +88,4 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     finally:
         await gate.close()
         if learned is not None:
-            await asyncio.to_thread(learned.save)
+            await learned.save()

@@ -37,8 +37,7 @@ def taught() -> PrefillPolicy:
 
 def learned_of(p: PrefillPolicy, replies: ReplyReuse | None = None) -> Learned:
     batches, narrow = p.learned()
-    r = replies or ReplyReuse()
-    return Learned(batches, narrow, list(zip(r.found, r.whole, strict=True)))
+    return Learned(batches, narrow, (replies or ReplyReuse()).seen())
 
 
 class TestKeptAcrossARestart:
@@ -125,7 +124,7 @@ class TestTheFile:
     async def test_written_for_its_user_only_and_read_back(self, tmp_path: Path) -> None:
         path = tmp_path / "learned.json"
         first = await started(path, taught())
-        first.save()
+        await first.save()
         assert path.stat().st_mode & 0o777 == 0o600
         assert orjson.loads(path.read_bytes())["server"]["model"] == KEY.model
         after = PrefillPolicy(PrefillConfig(mode="chunk"))
@@ -139,7 +138,7 @@ class TestTheFile:
         path.write_text('{"theme": "dark"}')
         with caplog.at_level(logging.WARNING, "slotwise.prefill"):
             file = await started(path, taught())
-            file.save()
+            await file.save()
         assert path.read_text() == '{"theme": "dark"}'
         assert "is not a file slotwise wrote: not read, and not written over" in caplog.text
 
@@ -150,5 +149,5 @@ class TestTheFile:
         with caplog.at_level(logging.WARNING, "slotwise.prefill"):
             file = await started(path, taught())  # what it learns from now on is written
         assert "not read (row_by_row_ms: expected a list, got str): learning afresh" in caplog.text
-        file.save()
+        await file.save()
         assert parse(orjson.loads(path.read_bytes()), KEY)[0] is not None

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.estimate.cache_model import CacheModel
-from proxy.estimate.replies import MIN_CLAIM
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,5 @@ def estimate(ids: Sequence[int], cache: CacheModel | None = None) -> Estimate:
     if cache is None:
         return Estimate(prompt_tokens=len(ids), new_tokens=len(ids))
     cached, reply = cache.estimate_parts(ids)
-    # a reply of a few tokens is counted without doubt: missed, it costs a trim piece a few rows
-    sure = reply < MIN_CLAIM or cache.replies.found_whole()
     return Estimate(prompt_tokens=len(ids), new_tokens=len(ids) - cached,
-                    guessed_tokens=0 if sure else reply)
+                    guessed_tokens=cache.replies.guessed(reply))

@@ -48,7 +48,7 @@ class ReplyReuse:
     def adopt(self, seen: list[tuple[float, bool]]) -> None:
         """Observations kept from before a restart (share found, found whole), oldest first, as
         if seen before any since."""
-        now = list(zip(self.found, self.whole, strict=True))
+        now = self.seen()
         self.found.clear()
         self.whole.clear()
         for share, whole in [*seen, *now]:
@@ -62,6 +62,17 @@ class ReplyReuse:
     def found_whole(self) -> bool:
         """Whether a held reply can be counted on, to the token: False until MIN_SEEN were seen."""
         return len(self.whole) >= MIN_SEEN and sum(self.whole) >= WHOLE_SHARE * len(self.whole)
+
+    def guessed(self, reply: int) -> int:
+        """Of `reply` held tokens an estimate counts as cached, those not to be counted on (a
+        trim, the prefill policy's rule 19, is only as good as the estimate): none while replies
+        are found whole, nor of a reply of under MIN_CLAIM tokens (missed, it costs a trim piece
+        a few rows)."""
+        return 0 if reply < MIN_CLAIM or self.found_whole() else reply
+
+    def seen(self) -> list[tuple[float, bool]]:
+        """The observations, oldest first, as `adopt` takes them back."""
+        return list(zip(self.found, self.whole, strict=True))
 
     def summary(self) -> str:
         if not self.found:

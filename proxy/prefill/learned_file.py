@@ -47,28 +47,31 @@ class LearnedFile:
         """What became of the file, for the status page."""
 
     async def run(self, config: PrefillConfig) -> None:
-        """Load once the server is known, then save every SAVE_EVERY_S (cancelled at stop)."""
+        """Load once the server is known, then save every SAVE_EVERY_S (cancelled at stop). The
+        file is read and written in a thread; what it holds is taken from and given to the
+        policy and the cache model on the event loop, which changes them."""
         while self._key is None:
             await self._estimator.slot_ctx(config)
             self._key = ServerKey.of(self._estimator.layout, self._n_batch)
             if self._key is None:
                 await asyncio.sleep(PROPS_RETRY_S)
-        await asyncio.to_thread(self.load)
+        try:
+            raw = await asyncio.to_thread(_read, self.path)
+        except OSError as exc:
+            self._refuse(f"cannot be read ({exc.strerror or exc})")
+        else:
+            self.load(raw)
         self.loaded = True
         while True:
             await asyncio.sleep(SAVE_EVERY_S)
-            await asyncio.to_thread(self.save)
+            await self.save()
 
-    def load(self) -> None:
+    def load(self, raw: bytes | None) -> None:
+        """Take up what the file's bytes hold (None: there is no file)."""
         if self._key is None:
             return
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        if raw is None:
             self.status = "no file yet: learning afresh"
-            return
-        except OSError as exc:
-            self._refuse(f"cannot be read ({exc.strerror or exc})")
             return
         try:
             data = orjson.loads(raw)
@@ -93,18 +96,17 @@ class LearnedFile:
         self.status = f"taken up: {learned.summary()}"
         log.info("prefill.learned_file %s: %s", self.path, self.status)
 
-    def save(self) -> None:
+    async def save(self) -> None:
         """Write what is learned now, if the server is known and anything changed."""
         if self._key is None or not self._writable:
             return
         batches, narrow = self._policy.learned()
-        replies = self._estimator.cache.replies
-        learned = Learned(batches, narrow, list(zip(replies.found, replies.whole, strict=True)))
+        learned = Learned(batches, narrow, self._estimator.cache.replies.seen())
         data = dump(self._key, learned)
         if learned.empty or data == self._saved:
             return
         try:
-            _write(self.path, orjson.dumps(data))
+            await asyncio.to_thread(_write, self.path, orjson.dumps(data))
         except OSError as exc:
             log.warning("prefill.learned_file %s: cannot be written (%s)", self.path,
                         exc.strerror or exc)
@@ -116,6 +118,13 @@ class LearnedFile:
         self.status = f"{why}: not read, and not written over"
         log.warning("prefill.learned_file %s %s: not read, and not written over; learning afresh "
                     "(move it away, or name another file)", self.path, why)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _write(path: Path, payload: bytes) -> None:

@@ -15,7 +15,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.estimate.replies import MIN_CLAIM, ReplyReuse
+from proxy.estimate.replies import ReplyReuse
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, Save
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.schema import Record
@@ -168,11 +168,9 @@ class Replay:
         est_new = 0 if job.starved else job.prompt_tokens - cached
         facts = flight.prefill
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
-        claimed = job.reply[0]
-        guessed = 0 if claimed < MIN_CLAIM or self.replies.found_whole() else claimed
         self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
                                         self.keeping.restorable(job, cached), flight.purpose,
-                                        guessed), now)
+                                        self.replies.guessed(job.reply[0])), now)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
