@@ -4,7 +4,8 @@ tokenizer: the prompt's ids (in process or via the upstream); cache_model: what 
 combine: both into an `Estimate`. Errors are `EstimateError`: the caller then fails open.
 """
 
-from proxy.estimate.cache_model import BLOCK_TOKENS, CacheModel, block_hashes
+from proxy.estimate.cache_model import CacheModel
+from proxy.estimate.chains import BLOCK_TOKENS, block_hashes
 from proxy.estimate.combine import Estimate, estimate
 from proxy.estimate.prompt import EstimateError, NotEstimable, PromptTooLong
 from proxy.estimate.tokenizer import LocalTokenizer, PromptTokenizer, UpstreamTokenizer

@@ -1,20 +1,19 @@
 """A model of what llama-server holds in its prompt cache, learned from the prompts slotwise sent.
 
-Each entry is one slot's prompt, with the chain of its block hashes (a block hash names the whole
-prefix up to it) to match long prompts fast; bounded by the slot count and context. Behind the slots,
-llama-server's RAM prompt cache (`--cache-ram`, on by default): a slot's prompt that another took
-over goes there, and a later prompt keeping at least a quarter of it finds it there whole. Pure: no
-I/O; the server's `cache_n` corrects it.
+Each entry is one slot's prompt, with the chain of its block hashes to match long prompts fast
+(chains.py); bounded by the slot count and context. Behind the slots, llama-server's RAM prompt
+cache (`--cache-ram`, on by default): a slot's prompt that another took over goes there, and a
+later prompt keeping at least a quarter of it finds it there whole. Pure: no I/O; the server's
+`cache_n` corrects it, and shows how much of a held reply follow-ups find (replies.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from proxy.estimate.chains import BLOCK_TOKENS, Entry, block_hashes, common_blocks
 from proxy.estimate.replies import ReplyReuse
 
-BLOCK_TOKENS = 64
 SLOT_SIMILARITY = 0.1
 """llama-server's `--slot-prompt-similarity` default: a prompt goes to the slot it shares the
 longest prefix with only if that prefix is more than this share of the prompt."""
@@ -26,71 +25,6 @@ RAM_SAVE_BELOW = 0.5
 """A prompt that takes a slot by similarity but keeps less than this share of the slot's prompt
 has that prompt copied to the RAM cache first (`get_available_slot`); one that takes the least
 recently used slot always does."""
-
-
-def block_hashes(ids: Sequence[int], block: int = BLOCK_TOKENS) -> list[int]:
-    """Chained hashes of the full blocks of `ids`: equal at index k means equal prefixes of
-    (k + 1) * block tokens (a trailing partial block is not hashed)."""
-    out: list[int] = []
-    previous = 0
-    for start in range(0, len(ids) - block + 1, block):
-        previous = hash((previous, tuple(ids[start:start + block])))
-        out.append(previous)
-    return out
-
-
-def common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
-    """Leading equal hashes of two chains; chaining makes equality monotone, so bisect."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-@dataclass
-class _Entry:
-    """One slot as modelled: its prompt's tokens, and their block chain for fast matching."""
-
-    ids: list[int]
-    chain: list[int]
-    generated: int = 0
-    """Tokens the server generated after `ids` and holds with them (a reply; their ids are not
-    known here): a prompt that shares all of `ids` finds up to that many more cached, since a
-    chat's next turn repeats the reply (`bench day`: follow-ups estimated at 166-352 new tokens
-    computed 50-58), as far as its template renders the reply as generated (replies.py)."""
-
-    def common(self, ids: Sequence[int], chain: list[int], block: int,
-               reply_share: float = 1.0) -> int:
-        """Tokens this entry shares with `ids` from the start: its prompt's, then its generated
-        tokens at `reply_share` (`parts`)."""
-        prompt, reply = self.parts(ids, chain, block)
-        return prompt + round(reply * reply_share)
-
-    def parts(self, ids: Sequence[int], chain: list[int], block: int) -> tuple[int, int]:
-        """Tokens of its prompt this entry shares with `ids` from the start (whole blocks by their
-        hashes, then token by token inside the first block that differs); and, past all of its
-        prompt, how many of its generated tokens `ids` would find if the reply is found whole."""
-        start = common_blocks(self.chain, chain) * block
-        extra = 0
-        for mine, theirs in zip(self.ids[start:start + block], ids[start:start + block],
-                                strict=False):
-            if mine != theirs:
-                break
-            extra += 1
-        shared = start + extra
-        if shared == len(self.ids) and self.generated:
-            return shared, max(0, min(self.generated, len(ids) - shared))
-        return shared, 0
-
-    def cut(self, tokens: int, block: int) -> None:
-        if tokens >= len(self.ids):  # the server kept its prompt and part of the reply
-            self.generated = min(self.generated, tokens - len(self.ids))
-            return
-        self.ids, self.chain, self.generated = self.ids[:tokens], self.chain[:tokens // block], 0
 
 
 class CacheModel:
@@ -114,8 +48,8 @@ class CacheModel:
         self._n_ctx = n_ctx
         self._block = block
         self._max_total = max_total_tokens
-        self._entries: list[_Entry] = []  # least recently used first
-        self._ram: list[_Entry] = []  # oldest first, as llama-server evicts them
+        self._entries: list[Entry] = []  # least recently used first
+        self._ram: list[Entry] = []  # oldest first, as llama-server evicts them
         self._ram_room = n_ctx if ram_tokens is None else max(0, ram_tokens)
         self._ram_hits = 0
         self.replies = ReplyReuse()
@@ -197,7 +131,7 @@ class CacheModel:
             old = self._entries.pop(best)
             if self._common(old, ids, chain) < RAM_SAVE_BELOW * len(old.ids):
                 self._save_ram(old)
-        self._entries.append(_Entry(ids, chain, max(0, min(generated, self._n_ctx - len(ids)))))
+        self._entries.append(Entry(ids, chain, max(0, min(generated, self._n_ctx - len(ids)))))
         self._evict()
 
     def forget(self, chain: Sequence[int]) -> None:
@@ -230,7 +164,7 @@ class CacheModel:
     def _shared(self, ids: Sequence[int], chain: list[int]) -> list[int]:
         return [self._common(e, ids, chain) for e in self._entries]
 
-    def _common(self, entry: _Entry, ids: Sequence[int], chain: list[int]) -> int:
+    def _common(self, entry: Entry, ids: Sequence[int], chain: list[int]) -> int:
         return entry.common(ids, chain, self._block, self.replies.share())
 
     def _cached(self, ids: Sequence[int], chain: list[int]) -> int:
@@ -257,7 +191,7 @@ class CacheModel:
                 best, most = (i, common), common
         return best
 
-    def _save_ram(self, entry: _Entry) -> None:
+    def _save_ram(self, entry: Entry) -> None:
         """The server copies a slot's prompt to RAM before another takes the slot: skipped when an
         entry holds it already, the entries it holds dropped, the oldest evicted for room."""
         size = len(entry.ids)

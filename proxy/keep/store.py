@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
-from proxy.estimate.cache_model import BLOCK_TOKENS, common_blocks
+from proxy.estimate.chains import BLOCK_TOKENS, common_blocks
 from proxy.keep.budget import over_budget
 from proxy.keep.values import (
     Conversation,

@@ -2,7 +2,7 @@
 the knobs, the decisions. Values and their parsing; the store (`store.py`) decides. Pure.
 
 A conversation is a prompt prefix named by the chained hashes of its token-id blocks
-(`proxy/estimate/cache_model.py` `block_hashes`, compared by its `common_blocks`): equal hashes at
+(`proxy/estimate/chains.py` `block_hashes`, compared by its `common_blocks`): equal hashes at
 block k mean equal prefixes of (k + 1) * 64 tokens. Neither text nor token ids are kept, only those
 hashes and counts.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from proxy.config import KeepKvConfig
-from proxy.estimate.cache_model import BLOCK_TOKENS
+from proxy.estimate.chains import BLOCK_TOKENS
 
 FILE_PREFIX = "slotwise-"
 FILE_SUFFIX = ".kv"
