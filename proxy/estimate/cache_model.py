@@ -162,7 +162,8 @@ class CacheModel:
             self.replies.observe(claimed, cache_n - len(holder.ids))
 
     def _shared(self, ids: Sequence[int], chain: list[int]) -> list[int]:
-        return [self._common(e, ids, chain) for e in self._entries]
+        share = self.replies.share()
+        return [e.common(ids, chain, self._block, share) for e in self._entries]
 
     def _common(self, entry: Entry, ids: Sequence[int], chain: list[int]) -> int:
         return entry.common(ids, chain, self._block, self.replies.share())

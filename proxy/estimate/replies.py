@@ -32,36 +32,33 @@ found theirs whole, and at least MIN_SEEN were seen."""
 
 @dataclass
 class ReplyReuse:
-    """The share of a held reply that follow-ups found cached, latest first out."""
+    """What the latest follow-ups found of a held reply: each the share found, and whether whole."""
 
-    found: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
-    whole: deque[bool] = field(default_factory=lambda: deque(maxlen=KEEP))
+    _seen: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=KEEP))
 
     def observe(self, claimed: int, found: int) -> None:
         """A prompt that would find `claimed` tokens of a held reply found `found` of them."""
         if claimed < MIN_CLAIM:
             return
         found = max(0, min(found, claimed))
-        self.found.append(found / claimed)
-        self.whole.append(found >= claimed - WHOLE_SLACK)
+        self._seen.append((found / claimed, found >= claimed - WHOLE_SLACK))
 
     def adopt(self, seen: list[tuple[float, bool]]) -> None:
-        """Observations kept from before a restart (share found, found whole), oldest first, as
-        if seen before any since."""
-        now = self.seen()
-        self.found.clear()
-        self.whole.clear()
-        for share, whole in [*seen, *now]:
-            self.found.append(share)
-            self.whole.append(whole)
+        """Observations kept from before a restart, oldest first, as if seen before any since."""
+        self._seen = deque([*seen, *self._seen], maxlen=KEEP)
+
+    @property
+    def count(self) -> int:
+        return len(self._seen)
 
     def share(self) -> float:
         """The median share found; all of it until something was seen (most models)."""
-        return statistics.median(self.found) if self.found else 1.0
+        return statistics.median(s for s, _ in self._seen) if self._seen else 1.0
 
     def found_whole(self) -> bool:
         """Whether a held reply can be counted on, to the token: False until MIN_SEEN were seen."""
-        return len(self.whole) >= MIN_SEEN and sum(self.whole) >= WHOLE_SHARE * len(self.whole)
+        whole = sum(w for _, w in self._seen)
+        return self.count >= MIN_SEEN and whole >= WHOLE_SHARE * self.count
 
     def guessed(self, reply: int) -> int:
         """Of `reply` held tokens an estimate counts as cached, those not to be counted on (a
@@ -72,10 +69,10 @@ class ReplyReuse:
 
     def seen(self) -> list[tuple[float, bool]]:
         """The observations, oldest first, as `adopt` takes them back."""
-        return list(zip(self.found, self.whole, strict=True))
+        return list(self._seen)
 
     def summary(self) -> str:
-        if not self.found:
+        if not self._seen:
             return "no follow-up seen yet"
-        return (f"{sum(self.whole)} of the latest {len(self.whole)} follow-ups found their reply "
-                f"whole; median share found {self.share():.0%}")
+        return (f"{sum(w for _, w in self._seen)} of the latest {self.count} follow-ups found "
+                f"their reply whole; median share found {self.share():.0%}")

@@ -116,7 +116,7 @@ class Estimator:
         off = self.cache.ram_off
         self.cache.record(ids, cache_n, generated)
         replies = self.cache.replies
-        if not self._replies_told and len(replies.whole) >= MIN_SEEN:
+        if not self._replies_told and replies.count >= MIN_SEEN:
             self._replies_told = True
             log.info("%s: %s", replies.summary(), "a held reply is counted as cached" if
                      replies.found_whole() else "a held reply is counted at the share found, and "
