@@ -5,28 +5,17 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from proxy.testbed.server import LlamaServer
 from proxy.testbed.words import WORDS, filler
-from tests.conftest import StartProxy
+from tests.conftest import StartLlamaServer, StartProxy
 from tests.helpers import http as call
 
 pytestmark = pytest.mark.real_server
-
-
-@pytest.fixture(scope="module")
-def server(llama_server_binary: Path, small_model: Any, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[LlamaServer]:
-    log = tmp_path_factory.mktemp("llama") / "server.log"
-    with LlamaServer(small_model.model, lora=None, args=["-np", "2", "-c", "8192"],
-                     binary=llama_server_binary, log_path=log) as running:
-        yield running
 
 
 def after_start(url: str) -> tuple[str, str]:
@@ -42,7 +31,9 @@ def after_start(url: str) -> tuple[str, str]:
 
 
 def test_what_slotwise_measured_of_the_server_is_kept_across_its_restart(
-        server: LlamaServer, start_proxy: StartProxy, tmp_path: Path, small_model: Any) -> None:
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, tmp_path: Path,
+        small_model: Any) -> None:
+    server = start_llama_server(small_model, lora=False, args=["-np", "2", "-c", "8192"])
     learned = tmp_path / "kept" / "learned.json"
     learned.parent.mkdir()
     tables = {"prefill": {"mode": "defer", "learned_file": str(learned)}}

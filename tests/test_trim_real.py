@@ -7,32 +7,21 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from proxy.testbed.server import LlamaServer
 from proxy.testbed.words import WORDS, filler
-from tests.conftest import StartProxy
+from tests.conftest import StartLlamaServer, StartProxy
 from tests.helpers import http as call
 from tests.helpers import read_records
 
 pytestmark = pytest.mark.real_server
 
 
-@pytest.fixture(scope="module")
-def server(llama_server_binary: Path, small_model: Any, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[LlamaServer]:
-    log = tmp_path_factory.mktemp("llama") / "server.log"
-    with LlamaServer(small_model.model, lora=None, args=["-np", "4", "-c", "32768"],
-                     binary=llama_server_binary, log_path=log) as running:
-        yield running
-
-
 def test_a_short_follow_up_after_a_long_history_is_trimmed_and_computed_faster(
-        server: LlamaServer, start_proxy: StartProxy) -> None:
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, small_model: Any) -> None:
+    server = start_llama_server(small_model, lora=False, args=["-np", "4", "-c", "32768"])
     proxy = start_proxy(server.url, prefill={"mode": "chunk", "cold_tokens": 100_000})
     rng = random.Random(5)
     messages = [{"role": "user", "content": filler(rng, 650, WORDS[:8])}]
