@@ -138,6 +138,29 @@ def test_chat_completion_with_the_openai_client(start_llama_server: StartLlamaSe
 
 
 @pytest.mark.real_server
+def test_a_reply_sent_back_is_found_whole_in_the_next_turn(
+        start_llama_server: StartLlamaServer, small_model: ModelFiles) -> None:
+    """A trained model's tokens are the tokenizer's own, so a chat's next turn, which repeats the
+    reply as text, finds all of it cached; the testbed model's replies must too (sampled from
+    every byte and merge, 3 of 8 were found whole, and slotwise's estimate of follow-ups was
+    tested on a server unlike any real one). The small model, the benchmarks'."""
+    server = start_llama_server(small_model, lora=False, args=["-np", "1", "-c", "4096"])
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused") as client:
+        for i in range(6):
+            talk = [{"role": "user", "content": f"Tell me about the sea, part {i}."}]
+            first = client.chat.completions.create(model="testbed", messages=talk,  # type: ignore[arg-type]
+                                                   max_tokens=40, temperature=1.0)
+            assert first.usage is not None
+            talk += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                     {"role": "user", "content": "And then?"}]
+            again = client.chat.completions.create(model="testbed", messages=talk,  # type: ignore[arg-type]
+                                                   max_tokens=1)
+            cached = again.model_extra["timings"]["cache_n"]  # type: ignore[index]
+            # the prompt and the reply, but its last token, which was sampled and never decoded
+            assert cached == first.usage.prompt_tokens + 40 - 1, i
+
+
+@pytest.mark.real_server
 async def test_stream_sends_one_event_per_token(start_llama_server: StartLlamaServer) -> None:
     server = start_llama_server(lora=False, args=["-np", "1", "-c", "2048"])
     events = await _completion_stream(server, {"prompt": "Once upon a time", "n_predict": 40})
