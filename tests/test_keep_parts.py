@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from proxy.keep.index import (
     Shelf,
     check,
     files_on_disk,
+    kept_tokens,
     load_index,
     quarantined,
     seal,
@@ -161,6 +163,24 @@ class TestFiles:
         assert "SHA-256 differs" in (check(path, good, stamp).problem or "")
         path.unlink()
         assert "cannot read it" in (check(path, good, stamp).problem or "")
+
+    def test_a_slots_save_file_gives_its_token_ids_anything_else_none(self, tmp_path: Path) -> None:
+        path = tmp_path / "slotwise-00000000000000aa.kv"
+        head = struct.pack("<III", 0x67677371, 2, 3) + struct.pack("<3i", 7, 4095, 0)
+        path.write_bytes(head + b"kv" * 50)
+        assert kept_tokens(path) == [7, 4095, 0]  # version 2: the words are the ids
+        v4 = struct.pack("<III", 0x67677371, 4, 7) + struct.pack("<7i", -1, 1, 3, 7, 4095, 0, 0)
+        path.write_bytes(v4 + b"kv" * 50)  # as the testbed's build writes it
+        assert kept_tokens(path) == [7, 4095, 0]
+        path.write_bytes(struct.pack("<III", 0x67677371, 4, 3) + struct.pack("<3i", -1, 1, 9))
+        assert kept_tokens(path) is None  # more ids than words
+        path.write_bytes(head[:16])  # cut short inside its ids
+        assert kept_tokens(path) is None
+        path.write_bytes(struct.pack("<III", 0x12345678, 2, 3) + b"\0" * 100)  # not llama.cpp's
+        assert kept_tokens(path) is None
+        path.write_bytes(struct.pack("<III", 0x67677371, 2, 10**9))  # a count beyond the file
+        assert kept_tokens(path) is None
+        assert kept_tokens(tmp_path / "gone.kv") is None
 
     def test_an_entry_without_a_digest_gets_the_one_found(self, tmp_path: Path) -> None:
         path = tmp_path / "slotwise-00000000000000aa.kv"

@@ -5,7 +5,7 @@ combine: both into an `Estimate`. Errors are `EstimateError`: the caller then fa
 """
 
 from proxy.estimate.cache_model import CacheModel
-from proxy.estimate.chains import BLOCK_TOKENS, block_hashes
+from proxy.estimate.chains import BLOCK_TOKENS, block_hashes, common_prefix
 from proxy.estimate.combine import Estimate, estimate
 from proxy.estimate.prompt import EstimateError, NotEstimable, PromptTooLong
 from proxy.estimate.tokenizer import LocalTokenizer, PromptTokenizer, UpstreamTokenizer
@@ -21,5 +21,6 @@ __all__ = [
     "PromptTooLong",
     "UpstreamTokenizer",
     "block_hashes",
+    "common_prefix",
     "estimate",
 ]

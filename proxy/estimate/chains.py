@@ -34,6 +34,16 @@ def common_blocks(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading equal token ids of two prompts."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class Entry:
     """One slot as modelled: its prompt's tokens, and their block chain for fast matching."""
@@ -58,13 +68,7 @@ class Entry:
         hashes, then token by token inside the first block that differs); and, past all of its
         prompt, how many of its generated tokens `ids` would find if the reply is found whole."""
         start = common_blocks(self.chain, chain) * block
-        extra = 0
-        for mine, theirs in zip(self.ids[start:start + block], ids[start:start + block],
-                                strict=False):
-            if mine != theirs:
-                break
-            extra += 1
-        shared = start + extra
+        shared = start + common_prefix(self.ids[start:start + block], ids[start:start + block])
         if shared == len(self.ids) and self.generated:
             return shared, max(0, min(self.generated, len(ids) - shared))
         return shared, 0

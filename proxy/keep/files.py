@@ -77,6 +77,10 @@ class KeptFiles:
         self._damaged(saved.name, checked.problem)
         return checked.problem
 
+    async def tokens(self, name: str) -> list[int] | None:
+        """The token ids the file holds (None: unreadable, or not a slot's save)."""
+        return await asyncio.to_thread(index.kept_tokens, self.dir / name)
+
     async def seal(self, temp: str, name: str) -> tuple[int, str]:
         """A save's file synced and hashed before its rename: its size and digest (OSError)."""
         size, digest, stamp = await asyncio.to_thread(index.seal, self.dir / temp)

@@ -1,7 +1,8 @@
 """The files slotwise keeps in llama-server's save directory, on disk: the index (whose KV each file
 holds, as block hashes and counts, never text), the files there, and what slotwise does to them
 (private permissions, rename, delete, quarantine: `Shelf` applies the store's file decisions), and
-the checks that a file is still the one saved (`seal` at save, `check` before a restore). Plain
+the checks that a file is still the one saved (`seal` at save, `check` before a restore), and the
+token ids a file holds (`kept_tokens`, what a restore will cache, to the token). Plain
 synchronous file I/O (the keeper runs the slow parts in a thread); every error becomes a message.
 
 llama-server aborts on a damaged state file (`GGML_ASSERT(nread <= state_size)` for a short one), so
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import struct
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -148,6 +150,40 @@ def check(path: Path, saved: SavedFile, seen: Stamp | None) -> Checked:
     if saved.digest and digest != saved.digest:
         return Checked("its bytes are not the ones saved (its SHA-256 differs)")
     return Checked(None, now, digest)
+
+
+STATE_MAGIC = 0x67677371
+"""llama.cpp's `LLAMA_STATE_SEQ_MAGIC` ('ggsq'): a slot's save file starts with it, its version and
+a count of 32-bit words (little-endian u32s), then those words, then the KV. In version 2 the words
+are the slot's token ids; in version 4 (the testbed's build, b11434) they are -1, 1, the number of
+ids, the ids, then 0 (read off files it saved)."""
+TOKEN_NULL = -1
+"""`LLAMA_TOKEN_NULL`: never a token id; a version-4 head starts with it."""
+
+
+def kept_tokens(path: Path) -> list[int] | None:
+    """The token ids a slot's save file holds (the slot's prompt and the reply after it), read
+    from its head; None when its head is of no form known here, or it cannot be read. Numbers in
+    memory only: they are the conversation, as the KV beside them is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            if len(head) < 12:
+                return None
+            magic, _version, count = struct.unpack("<III", head)
+            if magic != STATE_MAGIC or 12 + 4 * count > os.fstat(f.fileno()).st_size:
+                return None
+            raw = f.read(4 * count)
+    except OSError:
+        return None
+    if len(raw) != 4 * count:
+        return None
+    words = struct.unpack(f"<{count}i", raw)
+    if words and words[0] == TOKEN_NULL:
+        if len(words) < 3 or not 0 <= words[2] <= len(words) - 3:
+            return None
+        words = words[3:3 + words[2]]
+    return list(words) if all(w >= 0 for w in words) else None
 
 
 def quarantined(directory: Path) -> list[str]:
