@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import io
 import itertools
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -648,3 +649,7 @@ def test_a_tiny_day_is_played_on_every_path(llama_server_binary: object, tmp_pat
         assert sum(int(r["n"]) for r in turns.values()) > 0  # type: ignore[call-overload]
         assert ("-b" in result["server_args"]) == (path == "b512")
     assert not (work / "slotwise" / "kv").exists()  # the KV files are deleted
+    # the day's slotwise took up what yesterday's chat taught it: its follow-ups found their replies
+    taken = re.search(r"taken up: .*, (\d+) follow-ups",
+                      (work / "slotwise" / "slotwise" / "slotwise.log").read_text())
+    assert taken is not None and int(taken.group(1)) >= 3

@@ -1,8 +1,9 @@
 """Plays the day on a real llama-server: the I/O of `slotwise bench day`. Each path gets a fresh
 llama-server with the testbed model and its LoRA adapter; slotwise's path first has its evening
-before (the returning users' last turns computed through slotwise with keep_kv, saved, then
-llama-server restarted). The day's users are coroutines following their scripts (proxy/bench/day.py);
-what the client saw and the path's timing records become the figures (day_records.py, day_tables.py).
+before (the returning users' last turns computed through slotwise with keep_kv and saved, a chat
+with short follow-ups, then llama-server restarted). The day's users are coroutines following
+their scripts (proxy/bench/day.py); what the client saw and the path's timing records become the
+figures (day_records.py, day_tables.py).
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ async def play_day(url: str, plan: DayPlan, *, warm: bool) -> tuple[list[Call], 
 
 
 async def evening(sw: SlotwiseProcess, plan: DayPlan) -> None:
-    """Yesterday: each returning user's last turn through slotwise, and its save to a file."""
+    """Yesterday: each returning user's last turn through slotwise, and its save to a file; then
+    a chat with short follow-ups (`evening_chat`)."""
     async with session() as http:
         await wait_until(http, sw, "working", 1, "the keep_kv probe")
         returning = [u for u in plan.users if u.yesterday_tokens]
@@ -128,6 +130,25 @@ async def evening(sw: SlotwiseProcess, plan: DayPlan) -> None:
             if not result.tokens:
                 raise RuntimeError(f"{user.name}'s turn of yesterday failed ({result.status})")
             await wait_until(http, sw, "done", n, f"{user.name}'s conversation saved")
+        await evening_chat(http, sw.url, plan)
+
+
+async def evening_chat(http: aiohttp.ClientSession, url: str, plan: DayPlan) -> None:
+    """Yesterday's chat: a first turn, then follow-ups that send each reply back as it came.
+    What slotwise learns of them (the row-by-row price of a short turn, whether a follow-up finds
+    its reply whole) is kept in its learned file for the day, as a server that ran all of
+    yesterday would have it: with no short follow-up before the day, its returning users' first
+    turns went row by row (`dan-0`'s 58 tokens after his restore froze every stream 1.8 s)."""
+    user = plan.users[0]
+    messages = talk.evening_card(plan, user)
+    for i in range(talk.EVENING_FOLLOW_UPS + 1):
+        messages.append(talk.message(user, plan.seed, i))
+        result = await timed_stream(http, url, talk.body(messages, talk.evening_step(), user),
+                                    headers=talk.headers(user, Act.CHAT, f"{user.name}-yesterday-{i}"),
+                                    detail=True)
+        if not result.tokens:
+            raise RuntimeError(f"{user.name}'s chat of yesterday failed ({result.status})")
+        messages.append({"role": "assistant", "content": result.text})
 
 
 async def time_alone(url: str, calls: Sequence[Call]) -> dict[str, Alone]:

@@ -85,6 +85,23 @@ def yesterday_body(user: User, seed: int) -> dict[str, Any]:
     return body(yesterday(user, seed), Step(Act.CHAT, 0.0, reply_tokens=8), user)
 
 
+EVENING_FOLLOW_UPS = 4
+EVENING_REPLY = 24
+"""Yesterday's chat: its follow-ups, each a short message after a reply of this many tokens."""
+
+
+def evening_card(plan: DayPlan, user: User) -> Messages:
+    """Yesterday's chat begins with a card of half keep_kv's `min_tokens`, so that the whole
+    chat, its follow-ups and replies too, stays under it at the default scale (never saved: the
+    day starts with the returning users' files only)."""
+    rng = random.Random(f"{plan.seed}-{user.name}-evening")
+    return [{"role": "system", "content": filler(rng, words(plan.keep_min_tokens() // 2))}]
+
+
+def evening_step() -> Step:
+    return Step(Act.CHAT, 0.0, reply_tokens=EVENING_REPLY)
+
+
 def headers(user: User, act: Act, request_id: str) -> dict[str, str]:
     """What the app sends beside the body: who, what for, and an id slotwise keeps as its record's."""
     return {"X-Slotwise-Client": user.name, "X-Slotwise-Purpose": PURPOSE[act],
