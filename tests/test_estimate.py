@@ -66,12 +66,13 @@ class TestCacheModel:
         assert cache.estimate_cached(seq(1, 1000)) == 0
 
     def test_a_reply_the_server_generated_is_cached_for_the_next_turn(self) -> None:
-        """A slot holds its prompt and the reply it generated; the next turn repeats the reply
-        (its ids unknown here), so up to that many of its tokens past the prompt are cached."""
+        """A slot holds its prompt and the reply it generated but its last token (sampled, never
+        computed); the next turn repeats the reply (its ids unknown here), so up to that many of
+        its tokens past the prompt are cached."""
         cache = CacheModel(4, 8192)
         cache.record(seq(0, 1000), generated=265)
         follow_up = seq(0, 1000) + seq(5000, 265 + 54)
-        assert cache.estimate_cached(follow_up) == 1265  # 54 new: the user's message
+        assert cache.estimate_cached(follow_up) == 1264  # the reply's last token and the message
         assert cache.estimate_cached(seq(0, 1000) + seq(5000, 30)) == 1029  # shorter: all of it but one
         assert cache.estimate_cached(seq(0, 900) + seq(5000, 400)) == 900  # edited: no reply
         # the server found less than claimed (another reply text): cut back to what it said
@@ -88,7 +89,7 @@ class TestCacheModel:
             history = seq(k * 10_000, 1000)
             cache.record(history, 0, generated=265)
             cache.record(history + seq(k * 10_000 + 5000, 265 + 54), 1040, generated=200)
-        assert cache.replies.share() == pytest.approx(40 / 265)
+        assert cache.replies.share() == pytest.approx(40 / 264)
         assert not cache.replies.found_whole()
         cache.record(seq(50_000, 1000), 0, generated=265)
         est = estimate(seq(50_000, 1000) + seq(55_000, 265 + 54), cache)
@@ -96,16 +97,17 @@ class TestCacheModel:
         assert est.guessed_tokens == 40
 
     def test_replies_found_whole_make_the_count_sure(self) -> None:
-        """Found but for the last sampled token (never computed into the cache): whole."""
+        """Found to the token, its last sampled one aside (never computed into the cache): whole,
+        and the share all of it (counted as held, a 24-token reply was found at 96 %)."""
         cache = CacheModel(8, 65536)
         assert estimate(seq(0, 10), cache).guessed_tokens == 0  # no reply at stake
         cache.record(seq(0, 1000), 0, generated=265)
-        assert estimate(seq(0, 1000) + seq(5000, 319), cache).guessed_tokens == 265  # not seen yet
+        assert estimate(seq(0, 1000) + seq(5000, 319), cache).guessed_tokens == 264  # not seen yet
         for k in range(3):
             history = seq(k * 10_000 + 100_000, 1000)
             cache.record(history, 0, generated=265)
             cache.record(history + seq(k * 10_000 + 105_000, 319), 1264, generated=200)
-        assert cache.replies.found_whole() and cache.replies.share() == pytest.approx(264 / 265)
+        assert cache.replies.found_whole() and cache.replies.share() == 1.0
         est = estimate(seq(0, 1000) + seq(5000, 319), cache)
         assert (est.new_tokens, est.guessed_tokens) == (319 - 264, 0)
 

@@ -20,8 +20,8 @@ MIN_CLAIM = 16
 """A prompt that would find fewer of a held reply's tokens than this teaches nothing (the end of
 a reply, where the template's closing tokens differ from what the model generated)."""
 WHOLE_SLACK = 2
-"""A reply found but for this many tokens counts as found whole (its last sampled token is never
-computed into the cache; a template may trim a trailing space)."""
+"""A reply found but for this many tokens counts as found whole (a template may trim a trailing
+space; the last sampled token, never computed into the cache, is not counted as held at all)."""
 KEEP = 16
 """The latest observations the figures are taken from."""
 MIN_SEEN = 3
