@@ -164,7 +164,8 @@ class TestFiles:
         path.unlink()
         assert "cannot read it" in (check(path, good, stamp).problem or "")
 
-    def test_a_slots_save_file_gives_its_token_ids_anything_else_none(self, tmp_path: Path) -> None:
+    def test_a_slots_save_file_gives_its_token_ids_anything_else_none(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         path = tmp_path / "slotwise-00000000000000aa.kv"
         head = struct.pack("<III", 0x67677371, 2, 3) + struct.pack("<3i", 7, 4095, 0)
         path.write_bytes(head + b"kv" * 50)
@@ -181,6 +182,9 @@ class TestFiles:
         path.write_bytes(struct.pack("<III", 0x67677371, 2, 10**9))  # a count beyond the file
         assert kept_tokens(path) is None
         assert kept_tokens(tmp_path / "gone.kv") is None
+        path.write_bytes(head + b"kv" * 50)
+        monkeypatch.setattr("proxy.keep.index.MAX_WORDS", 2)  # more ids than any context holds
+        assert kept_tokens(path) is None
 
     def test_an_entry_without_a_digest_gets_the_one_found(self, tmp_path: Path) -> None:
         path = tmp_path / "slotwise-00000000000000aa.kv"

@@ -159,6 +159,8 @@ are the slot's token ids; in version 4 (the testbed's build, b11434) they are -1
 ids, the ids, then 0 (read off files it saved)."""
 TOKEN_NULL = -1
 """`LLAMA_TOKEN_NULL`: never a token id; a version-4 head starts with it."""
+MAX_WORDS = 1 << 22
+"""More words than any slot's context holds: a head that says more is not read (16 MiB)."""
 
 
 def kept_tokens(path: Path) -> list[int] | None:
@@ -171,7 +173,8 @@ def kept_tokens(path: Path) -> list[int] | None:
             if len(head) < 12:
                 return None
             magic, _version, count = struct.unpack("<III", head)
-            if magic != STATE_MAGIC or 12 + 4 * count > os.fstat(f.fileno()).st_size:
+            if (magic != STATE_MAGIC or count > MAX_WORDS
+                    or 12 + 4 * count > os.fstat(f.fileno()).st_size):
                 return None
             raw = f.read(4 * count)
     except OSError:
