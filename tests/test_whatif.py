@@ -131,13 +131,14 @@ class TestWorkload:
         assert jobs[1].prompt.prefix(1100) == jobs[0].out.prefix(1100)
 
     def test_a_turn_says_how_much_of_the_reply_it_repeats_the_server_found(self) -> None:
-        """As slotwise's cache model learns it: all of the reply the prompt has room for is
-        claimed, and the recorded `cache_n` says what of it the server found."""
+        """As slotwise's cache model learns it: all of the reply the slot holds (but its last
+        token, never computed) that the prompt has room for is claimed, and the recorded
+        `cache_n` says what of it the server found."""
         first = record("1", 0.0, "a", 1000, 0, 100)
         second = record("2", 60.0, "a", 1150, 1040, 50)
         other = record("3", 120.0, "b", 300, 0, 10)
         jobs = build_workload(loaded([first, second, other])).jobs
-        assert [j.reply for j in jobs] == [(0, 0), (100, 40), (0, 0)]
+        assert [j.reply for j in jobs] == [(0, 0), (99, 40), (0, 0)]
 
     def test_a_client_back_after_a_pause_brings_back_its_history(self) -> None:
         first = record("1", 0.0, "a", 1000, 0, 100)

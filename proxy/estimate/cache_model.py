@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.estimate.chains import BLOCK_TOKENS, Entry, block_hashes, common_blocks
-from proxy.estimate.replies import ReplyReuse
+from proxy.estimate.replies import ReplyReuse, held_reply
 
 SLOT_SIMILARITY = 0.1
 """llama-server's `--slot-prompt-similarity` default: a prompt goes to the slot it shares the
@@ -113,10 +113,7 @@ class CacheModel:
     def record(self, ids: Sequence[int], cache_n_reported: int | None = None,
                generated: int = 0) -> None:
         """`generated`: the tokens the server generated after `ids` (`predicted_n`); the slot
-        holds all but the last, which was sampled and never computed (counted as held, every
-        24-token reply of `bench day`'s yesterday was found at 96 %, and the next day's follow-ups
-        were estimated ~10 tokens over what they computed: 62-63 new where 54 were, too many to be
-        trimmed beside three streams)."""
+        holds all but the last (`held_reply`)."""
         ids = list(ids[:self._n_ctx])
         chain = block_hashes(ids, self._block)
         if cache_n_reported is not None:
@@ -135,7 +132,7 @@ class CacheModel:
             old = self._entries.pop(best)
             if self._common(old, ids, chain) < RAM_SAVE_BELOW * len(old.ids):
                 self._save_ram(old)
-        held = max(0, min(generated - 1, self._n_ctx - len(ids)))
+        held = min(held_reply(generated), max(0, self._n_ctx - len(ids)))
         self._entries.append(Entry(ids, chain, held))
         self._evict()
 

@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.estimate.replies import held_reply
 from proxy.keep.store import MOST
 from proxy.record.kind import Kind
 from proxy.report.records import (
@@ -310,7 +311,7 @@ def _repeated(prompt: Seq, last: Job) -> tuple[int, int]:
     common = lcp(prompt, last.out)
     if last.generated <= 0 or common < last.prompt_tokens:
         return 0, 0
-    claimed = max(0, min(last.generated, prompt.length - 1 - last.prompt_tokens))
+    claimed = max(0, min(held_reply(last.generated), prompt.length - 1 - last.prompt_tokens))
     return claimed, min(claimed, common - last.prompt_tokens)
 
 
