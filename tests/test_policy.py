@@ -28,7 +28,8 @@ from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
 from proxy.prefill.server_use import SENT_GRACE_S
-from proxy.prefill.sizing import FIRST_PIECE_MAX, absorb_tail, next_upto, pause_s
+from proxy.prefill.sizing import FIRST_PIECE_MAX, TILE_ROWS, absorb_tail, next_upto, pause_s
+from proxy.prefill.slot_line import LANDING_MAX_S
 from proxy.prefill.strategy import Strategy, choose_piece
 from proxy.record.flight import Phase
 
@@ -978,17 +979,48 @@ class TestRule12EverySlotUserCounts:
             assert kinds(p.on_arrival("r", 6000, 6000, 0.0, KEPT)) == ["Hold", "Restore"]
             assert p.on_arrival("x", 100, 100, 0.05) == [Hold("x", "waiting for a restore to end")]
             assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
-            # and until r has its restored slot: sent beside it, x could take that slot first.
-            assert p.on_prefill_started("r", 0.15) == [Admit("x", "held for a restore to end; not cold")]
+            # and until r has its restored slot: sent beside it, x could take that slot first;
+            # then until r's first token: x's 100 tokens would share r's batch.
+            assert p.on_prefill_started("r", 0.15) == []
+            assert p.on_first_token("r", 0.4) == [
+                Admit("x", "held for a restore to end; not cold")]
 
-    def test_a_restored_request_that_shows_no_prompt_frees_the_others_after_a_grace(self) -> None:
+    def test_a_prompt_of_a_tile_goes_once_the_restored_prompt_started(self) -> None:
+        """64 tokens more add about nothing to the restored request's batch."""
+        p = policy(slots=4)
+        busy(p)
+        p.on_arrival("r", 6000, 6000, 0.0, KEPT)
+        assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
+        assert p.on_arrival("x", TILE_ROWS, 200, 0.12) == [
+            Hold("x", "waiting for a restored turn's first token")]
+        assert p.on_prefill_started("r", 0.5) == [
+            Admit("x", "held for a restored turn's first token; not cold")]
+
+    def test_a_held_job_does_not_join_the_restored_turns_batch(self) -> None:
+        """bench day: eve's restored turn started its prompt 0.52 s after it was sent; a
+        translation held for a slot, sent then, shared its batch: her 64 tokens took 1.27 s."""
+        p = policy(slots=2)
+        busy(p, "s1")
+        busy(p, "s2")
+        p.on_arrival("r", 4000, 4100, 0.0, KEPT)
+        assert kinds(p.on_arrival("t", 600, 600, 0.0)) == ["Hold"]  # no slot: it would queue
+        assert p.on_finished("s1", 1.0) == [Restore("r")]
+        assert p.on_finished("s2", 1.05) == []  # a restore runs
+        assert p.on_restored("r", 64, 1.2) == [Admit("r", "not cold")]
+        assert p.on_tick(1.2 + SENT_GRACE_S) == []  # its prompt has not started yet
+        assert p.on_prefill_started("r", 1.75) == []
+        assert kinds(p.on_first_token("r", 2.1)) == ["Admit"]
+
+    def test_a_restored_request_that_shows_no_first_token_frees_the_others_after_a_bound(
+            self) -> None:
         p = policy(slots=4)
         busy(p)
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         p.on_arrival("x", 100, 100, 0.05)
         assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
-        assert p.next_wakeup() == pytest.approx(0.1 + SENT_GRACE_S)
-        assert p.on_tick(0.1 + SENT_GRACE_S) == [Admit("x", "held for a restore to end; not cold")]
+        assert p.next_wakeup() == pytest.approx(0.1 + LANDING_MAX_S)
+        assert p.on_tick(0.1 + LANDING_MAX_S) == [
+            Admit("x", "held for a restore to end; not cold")]
 
 
 class TestRule14Restores:
@@ -1431,6 +1463,7 @@ class TestRule19TrimShortTurns:
         p.on_arrival("t", 54, 3154, 10.0)
         assert p.on_piece_failed("t", "HTTP 500", 10.1) == [
             Forward("t", "trim piece failed, forwarded as it came: HTTP 500")]
+        p.on_first_token("t", 10.6)
         p.on_arrival("u", 54, 3154, 11.0)
         assert p.on_client_left("u", 11.1) == [CancelPiece("u")]
         assert p.save_ok() is False  # "t" is in flight

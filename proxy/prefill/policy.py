@@ -151,9 +151,11 @@ class PrefillPolicy:
         while a restore runs, all are: llama-server could give a request sent meanwhile the very
         slot being restored, and then runs the restore only after that request's whole reply
         (bench day: eve's restore, with a translation sent as it started, took 17.8 s); and
-        after it, until the restored request has started its prompt (at most SENT_GRACE_S):
-        sent at once beside it, another request could take the restored slot first (bench day:
-        a translation did, and eve waited 5.7 s more for another slot).
+        after it, until the restored request has started its prompt: sent at once beside it,
+        another request could take the restored slot first (bench day: a translation did, and eve
+        waited 5.7 s more for another slot); then, until its first token, all but prompts of at
+        most a tile, which would share its batch (bench day: a translation's 652 tokens made eve's
+        64 take 1.27 s); at most LANDING_MAX_S in all (slot_line.py).
         Restored (`on_restored`), it is decided as if it arrived then, with the estimate the
         restore left (a returning conversation is no longer cold). A restore that found no idle
         slot waits for the next request to finish; one that failed otherwise, or whose wait ran
@@ -287,7 +289,7 @@ class PrefillPolicy:
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.PREFILLING)
-        return self._advance(now) if self._line.landed(req_id) else []
+        return self._advance(now) if self._line.prompt_started(req_id) else []
 
     def on_first_token(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.DECODING)
@@ -444,7 +446,8 @@ class PrefillPolicy:
             by_stall = None  # cold by its stall only: sent whole rather than refused
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)
         taken = self._taken()
-        if self._line.claimed(now, taken) or (goes_now and self._line.full(taken)):
+        if (self._line.claimed(now, taken, req.est_new_tokens)
+                or (goes_now and self._line.full(taken))):
             return [Hold(req_id, self._line.hold(req, now))]
         if goes_now:
             if self._cfg.mode == "off":
@@ -485,8 +488,8 @@ class PrefillPolicy:
 
     def _release_trim(self, req: Arrived, failed: str | None, now: float) -> list[Decision]:
         """Rule 19: the trimmed turn goes, its trim piece done (or failed: as it came); the others
-        wait until its prompt starts, as after a restore (rule 14): its slot, idle for a moment,
-        holds what it needs."""
+        wait for it as after a restore (rule 14): its slot, idle for a moment, holds what it
+        needs, and its batch is to be short."""
         self._use.sent(req.req_id, now, req.est_prompt_tokens)
         self._line.land(req.req_id, now)
         if failed is not None:

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 from proxy.prefill.events import Arrived
 from proxy.prefill.restores import RestoreLine
-from proxy.prefill.server_use import SENT_GRACE_S
+from proxy.prefill.sizing import TILE_ROWS
 
 Place = tuple[bool, float]
+
+LANDING_MAX_S = 2.0
+"""How long, at most, the others wait for a restored (or trimmed) request sent into its slot to
+have its first token. Until its prompt starts, a request sent beside it could take its slot; until
+its first token, a prompt sent beside it shares its batch (bench day: a held translation's 652
+tokens, sent 0.5 s after `eve`'s restored turn whose prompt had not yet started, made her 64
+tokens take 1.27 s). A short rest's first token beside three streams comes within ~1 s here (the
+prompt starts 0.1-0.7 s after it is sent); the bound is for a request that never shows it."""
 
 
 def place(req: Arrived, now: float, patience_s: float) -> Place:
@@ -38,7 +46,9 @@ class SlotLine:
         """Seconds each request spent held behind, once it left (the record's `slot_wait_ms`;
         the policy hands it out)."""
         self._landing: dict[str, float] = {}
-        """Restored requests sent, until their prompt starts (at most SENT_GRACE_S)."""
+        """Restored requests sent, until their first token (at most LANDING_MAX_S)."""
+        self._started: set[str] = set()
+        """Of those, the ones whose prompt started."""
 
     def __bool__(self) -> bool:
         """Somebody waits for a slot (a restore, or a request held behind)."""
@@ -59,18 +69,30 @@ class SlotLine:
     def full(self, taken: int) -> bool:
         return self.slots is not None and self.free(taken) <= 0
 
-    def claimed(self, now: float, taken: int) -> bool:
-        """Rule 14: a restore runs, or a restored request is landing in its slot, or a restore
-        waits and no slot is free besides."""
+    def claimed(self, now: float, taken: int, new_tokens: int | None = None) -> bool:
+        """Rule 14: a restore runs, or a restored request is landing in its slot (for a request of
+        `new_tokens` more than a tile once its prompt started: `landing`), or a restore waits and
+        no slot is free besides."""
+        return bool(self.restores.running() or self.landing(now, new_tokens)
+                    or (self.restores and self.free(taken) <= 0))
+
+    def landing(self, now: float, new_tokens: int | None = None) -> bool:
+        """A restored request sent holds the others back: until its prompt starts, all (they could
+        take its slot); then, until its first token, a prompt of more than TILE_ROWS new tokens
+        (`new_tokens`; unknown: held), which would share its batch. A short one adds about
+        nothing to that batch and goes."""
         for req_id, until in list(self._landing.items()):
             if now >= until:
                 del self._landing[req_id]
-        return bool(self.restores.running() or self._landing
-                    or (self.restores and self.free(taken) <= 0))
+                self._started.discard(req_id)
+        small = new_tokens is not None and new_tokens <= TILE_ROWS
+        return any(r not in self._started or not small for r in self._landing)
 
     def why_held(self) -> str:
-        if self.restores.running() or self._landing:
+        if self.restores.running():
             return "waiting for a restore to end"
+        if self._landing:
+            return "waiting for a restored turn's first token"
         if self.restores:
             return "waiting behind a restore into the next free slot"
         return f"waiting for a free slot ({self.slots} of {self.slots} in use)"
@@ -92,9 +114,11 @@ class SlotLine:
                     patience_s: float) -> tuple[Arrived, str] | None:
         """The one held whose turn it is (`place`) and why, if a slot is free for it now (it
         leaves the line)."""
-        if not self.behind or self.claimed(now, taken) or self.full(taken):
+        if not self.behind or self.full(taken):
             return None
         first = min(self.behind, key=lambda i: place(self.behind[i][0], now, patience_s))
+        if self.claimed(now, taken, self.behind[first][0].est_new_tokens):
+            return None
         req, why, _ = self._leave_behind(first, now)
         return req, why
 
@@ -105,23 +129,31 @@ class SlotLine:
         return req, why, since
 
     def land(self, req_id: str, now: float) -> None:
-        """A restored request was sent: the others wait until its prompt starts."""
-        self._landing[req_id] = now + SENT_GRACE_S
+        """A restored request was sent: the others wait until its first token."""
+        self._landing[req_id] = now + LANDING_MAX_S
+
+    def prompt_started(self, req_id: str) -> bool:
+        """Its prompt started; whether it was landing (short prompts may go now)."""
+        if req_id not in self._landing:
+            return False
+        self._started.add(req_id)
+        return True
 
     def landed(self, req_id: str) -> bool:
-        """Its prompt started (or it ended); whether it was landing."""
+        """Its first token came (or it ended); whether it was landing."""
+        self._started.discard(req_id)
         return self._landing.pop(req_id, None) is not None
 
     def left(self, req_id: str, now: float) -> bool:
         """Its client left; whether it was waiting for a slot."""
-        self._landing.pop(req_id, None)
+        self.landed(req_id)
         if req_id in self.behind:
             self._leave_behind(req_id, now)
             return True
         return self.restores.pop(req_id) is not None
 
     def next_wakeup(self) -> float | None:
-        """A restore's wait running out, or a landing's grace ending with somebody behind it."""
+        """A restore's wait running out, or a landing's bound ending with somebody behind it."""
         landing = min(self._landing.values(), default=None) if self.behind else None
         times = [t for t in (self.restores.next_wakeup(), landing) if t is not None]
         return min(times, default=None)
