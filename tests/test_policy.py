@@ -992,9 +992,9 @@ class TestRule12EverySlotUserCounts:
         p.on_arrival("r", 6000, 6000, 0.0, KEPT)
         assert p.on_restored("r", 60, 0.1) == [Admit("r", "not cold")]
         assert p.on_arrival("x", TILE_ROWS, 200, 0.12) == [
-            Hold("x", "waiting for a restored turn's first token")]
+            Hold("x", "waiting for a restored or trimmed turn's first token")]
         assert p.on_prefill_started("r", 0.5) == [
-            Admit("x", "held for a restored turn's first token; not cold")]
+            Admit("x", "held for a restored or trimmed turn's first token; not cold")]
 
     def test_a_held_job_does_not_join_the_restored_turns_batch(self) -> None:
         """bench day: eve's restored turn started its prompt 0.52 s after it was sent; a
@@ -1417,6 +1417,21 @@ class TestRule19TrimShortTurns:
         assert sent.reason.startswith("trimmed: its 54 new tokens would go row by row (~")
         assert "64 of its cached tokens computed again with them" in sent.reason
         assert ("t", Phase.QUEUED) in p.snapshot().in_flight
+
+    def test_a_longer_prompt_waits_for_the_trimmed_turns_first_token(self) -> None:
+        """bench day: a translation held for a slot was sent beside `eve`'s one-token trim piece
+        after her restore and made it take 1.2 s; a prompt of a tile adds about nothing."""
+        p = self.taught(slots=4)
+        [piece] = p.on_arrival("t", 54, 3154, 10.0)
+        assert isinstance(piece, FeedPiece) and piece.trim
+        assert p.on_arrival("x", 600, 600, 10.01) == [
+            Hold("x", "waiting for a restored or trimmed turn's first token")]
+        assert p.on_arrival("s", TILE_ROWS, 3000, 10.02) == [Admit("s", "not cold")]
+        [sent] = p.on_piece_done("t", 1, 150.0, 10.2)
+        assert isinstance(sent, Forward)  # x still waits: the turn has not started its prompt
+        assert p.on_prefill_started("t", 10.3) == []
+        assert p.on_first_token("t", 10.6) == [
+            Admit("x", "held for a restored or trimmed turn's first token; not cold")]
 
     def test_a_server_without_the_price_never_trims(self) -> None:
         """A GPU: short batches cost what the tiled price says."""

@@ -200,7 +200,9 @@ class PrefillPolicy:
         otherwise, the trim piece computes what the estimate missed, row by row when under 64
         tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). A machine seen
         to change (the batch cost's shift) learns the price again. The trim piece is in flight
-        like a cold request's and teaches no cost; its end (or failure) sends the turn.
+        like a cold request's and teaches no cost; its end (or failure) sends the turn. From the
+        piece to the turn's first token the turn lands as after a restore (rule 14): a longer
+        prompt sent meanwhile would share the short batches that are the trim's point.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -452,7 +454,7 @@ class PrefillPolicy:
         if goes_now:
             if self._cfg.mode == "off":
                 return self._admit(req, "prefill.mode off", now)
-            return self._trim(req) or self._admit(req, "not cold", now)
+            return self._trim(req, now) or self._admit(req, "not cold", now)
         idle = not (self._plans or self._use or self._warm_pieces or self._saving)
         if idle and self._cfg.mode == "defer":
             return self._admit(req, "cold, nobody generating", now)
@@ -472,7 +474,7 @@ class PrefillPolicy:
             return decided  # released at once (rule 7: short enough to go whole)
         return [Hold(req_id, why), *decided]
 
-    def _trim(self, req: Arrived) -> list[Decision]:
+    def _trim(self, req: Arrived, now: float) -> list[Decision]:
         """Rule 19: its trim piece, if it pays; else nothing."""
         if not self._cfg.trim_short_turns or req.guessed_tokens:
             return []
@@ -483,6 +485,7 @@ class PrefillPolicy:
         if cut is None:
             return []
         self._trims[req.req_id] = req
+        self._line.land(req.req_id, now, started=True)
         self._notes[req.req_id] = self._noted(req.req_id, cut.reason(req.est_new_tokens))
         return [FeedPiece(req.req_id, cut.upto, trim=True)]
 

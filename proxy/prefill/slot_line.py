@@ -19,11 +19,12 @@ Place = tuple[bool, float]
 
 LANDING_MAX_S = 2.0
 """How long, at most, the others wait for a restored (or trimmed) request sent into its slot to
-have its first token. Until its prompt starts, a request sent beside it could take its slot; until
-its first token, a prompt sent beside it shares its batch (bench day: a held translation's 652
-tokens, sent 0.5 s after `eve`'s restored turn whose prompt had not yet started, made her 64
-tokens take 1.27 s). A short rest's first token beside three streams comes within ~1 s here (the
-prompt starts 0.1-0.7 s after it is sent); the bound is for a request that never shows it."""
+have its first token, and for a trim piece to end. Until its prompt starts, a request sent beside
+it could take its slot; until its first token, a prompt sent beside it shares its batch (bench
+day: a held translation's 652 tokens, sent 0.5 s after `eve`'s restored turn whose prompt had not
+yet started, made her 64 tokens take 1.27 s). A short rest's first token beside three streams
+comes within ~1 s here (the prompt starts 0.1-0.7 s after it is sent); the bound is for a request
+that never shows it."""
 
 
 def place(req: Arrived, now: float, patience_s: float) -> Place:
@@ -46,7 +47,8 @@ class SlotLine:
         """Seconds each request spent held behind, once it left (the record's `slot_wait_ms`;
         the policy hands it out)."""
         self._landing: dict[str, float] = {}
-        """Restored requests sent, until their first token (at most LANDING_MAX_S)."""
+        """Restored or trimmed requests sent, until their first token, and trim pieces in flight
+        (each at most LANDING_MAX_S)."""
         self._started: set[str] = set()
         """Of those, the ones whose prompt started."""
 
@@ -92,7 +94,7 @@ class SlotLine:
         if self.restores.running():
             return "waiting for a restore to end"
         if self._landing:
-            return "waiting for a restored turn's first token"
+            return "waiting for a restored or trimmed turn's first token"
         if self.restores:
             return "waiting behind a restore into the next free slot"
         return f"waiting for a free slot ({self.slots} of {self.slots} in use)"
@@ -128,9 +130,17 @@ class SlotLine:
         self.waited[req_id] = self.waited.get(req_id, 0.0) + max(0.0, now - since)
         return req, why, since
 
-    def land(self, req_id: str, now: float) -> None:
-        """A restored request was sent: the others wait until its first token."""
+    def land(self, req_id: str, now: float, *, started: bool = False) -> None:
+        """A restored or trimmed request was sent: the others wait until its first token.
+        `started`: a trim piece, sent ahead of its turn into the slot that holds its history: a
+        prompt of a tile may join its batch at once, a longer one waits for the turn's first
+        token (bench day: a 652-token translation sent beside `eve`'s one-token trim piece after
+        her restore made the piece take 1.2 s, not ~0.2)."""
         self._landing[req_id] = now + LANDING_MAX_S
+        if started:
+            self._started.add(req_id)
+        else:
+            self._started.discard(req_id)
 
     def prompt_started(self, req_id: str) -> bool:
         """Its prompt started; whether it was landing (short prompts may go now)."""
