@@ -327,6 +327,21 @@ def test_the_days_figures_name_the_returning_and_post_summary_turns() -> None:
     assert figures["events_per_s"] == pytest.approx(events / (31.21 + 2.0))
 
 
+def test_first_tokens_by_purpose_keep_a_background_jobs_wait_apart() -> None:
+    """The report's tables count a translation's wait among the short turns; slotwise lets the
+    chat turns have a free slot first (background_purposes), so the day shows them apart."""
+    job = Call("translator-0", "translator", Act.TRANSLATE, "translation", None,
+               result(1.0, 1.1, [31.0, 31.5], 600))
+    failed = Call("x", "x", Act.CHAT, "chat", None,
+                  StreamResult(sent=2.0, headers=None, tokens=[], ended=2.1, status=500))
+    figures = day_figures([*a_day(), job, failed])
+    chat = figures["first_token_s"]["chat"]
+    assert len(chat) == 6 and figures["first_token_s"]["translation"] == [pytest.approx(30.0)]
+    text = " ".join(printed(day_grid([{"slotwise": figures}], "report")).split())
+    assert "chat requests: time to first token (n) 6" in text
+    assert "translation requests: time to first token (n) 1 median 30.0 s p90 30.0 s" in text
+
+
 def test_the_longest_gap_names_the_prompts_computed_during_it() -> None:
     stream = call("bob-1", Act.CHAT, result(0.0, 0.1, [0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 5.1], 200))
     whole = StreamResult(sent=2.5, headers=2.6, tokens=[5.05, 5.2], ended=5.3, status=200,

@@ -1,5 +1,6 @@
 """What the day's client saw, turned into the day's own figures (pure): each returning user's and
-each post-summary turn's time to first token (and how long it found every slot taken), each cold
+each post-summary turn's time to first token (and how long it found every slot taken), every
+request's time to first token by its purpose (chat turns apart from background jobs), each cold
 request's first token against its own time alone, and everyone's longest gap between tokens (and
 the prefills that ran during it). The calls themselves, and the direct paths' timing records made
 from them, are `calls.py`'s.
@@ -40,6 +41,7 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
         "returning": [turn(c) for c in ordered if c.act is Act.RETURN],
         "after_summary": [turn(c) for c in ordered if c.act is Act.RESUME],
         "cold": [cold_turn(c, by_id, alone[c.id]) for c in ordered if alone and c.id in alone],
+        "first_token_s": first_tokens(ordered),
         "longest_gap_s": longest_gaps(ordered),
         "longest_gap_during": longest_gap_during(ordered),
         "requests": len(ordered),
@@ -49,6 +51,18 @@ def day_figures(calls: Sequence[Call], proxy_records: Sequence[Mapping[str, Any]
                   if ordered else None),
         "events_per_s": sum(len(c.result.tokens) for c in ordered) / day if day else None,
     }
+
+
+def first_tokens(calls: Sequence[Call]) -> dict[str, list[float]]:
+    """Every request's time to first token by its purpose (`X-Slotwise-Purpose`), those that had
+    one: the report's tables count a background job's wait among the short turns, and slotwise
+    lets the chat turns have a free slot before the purposes its config names background
+    (`prefill.background_purposes`) until they waited `max_hold_s`."""
+    out: dict[str, list[float]] = {}
+    for call in calls:
+        if call.result.ttft is not None:
+            out.setdefault(call.purpose, []).append(call.result.ttft)
+    return out
 
 
 def _turn(call: Call, by_id: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

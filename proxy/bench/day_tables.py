@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from rich.table import Table
 
 from proxy.bench.output import figures_table
 from proxy.report.cells import TIME_UNITS, fmt, time_number, time_unit
+from proxy.report.model import quantile
 from proxy.report.records import LoadedTimingLog, RecordLine
 from proxy.report.render import table_dict
 from proxy.report.reports import timing_report
@@ -117,7 +119,8 @@ def _row(table: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | Non
 def day_grid(runs: Runs, where: str = "") -> Table:
     """The day's own figures, a column per path: the returning users' and post-summary turns'
     time to first token (with what slotwise restored or warmed for them, and how long a returning
-    user found every slot taken), how many requests found every slot taken and for how long (on
+    user found every slot taken), every request's time to first token by its purpose (the chat
+    turns apart from the background jobs), how many requests found every slot taken and for how long (on
     `-np 4` with six clients, the largest part of the short turns' time to first token), each
     cold request against its time alone, everyone's longest gap (under the table, the prompts computed
     during it)."""
@@ -137,6 +140,12 @@ def day_grid(runs: Runs, where: str = "") -> Table:
             if kind == "returning":
                 grid.add_row("  every slot taken for", *_cells(runs, paths,
                                                              _turn(kind, who, "slot_wait_s"), "s"))
+    for purpose in first.get("first_token_s") or {}:
+        grid.add_row(f"{purpose} requests: time to first token (n)",
+                     *_cells(runs, paths, _first_tokens(purpose, len), ""))
+        for name, q in (("median", 0.5), ("p90", 0.9)):
+            grid.add_row(f"  {name}", *_cells(runs, paths,
+                                              _first_tokens(purpose, partial(quantile, q=q)), "s"))
     grid.add_row("requests that found every slot taken",
                  *_cells(runs, paths, _slot_waits(len), ""))
     grid.add_row("  waited for one: median", *_cells(runs, paths, _slot_waits(_median), "s"))
@@ -167,6 +176,14 @@ def _turn(kind: str, who: str, key: str) -> Pick:
         turn = next((t for t in figures[kind] if t["who"] == who), None)
         value = None if turn is None else turn.get(key)
         return value if isinstance(value, int | float) else None
+    return pick
+
+
+def _first_tokens(purpose: str, of: Callable[[list[float]], float | int | None]) -> Pick:
+    """Of the times to first token of the requests of one purpose (`day_records.first_tokens`)."""
+    def pick(figures: Mapping[str, Any]) -> float | int | None:
+        values = (figures.get("first_token_s") or {}).get(purpose)
+        return None if values is None else of(values)
     return pick
 
 
