@@ -181,10 +181,7 @@ def _turn(kind: str, who: str, key: str) -> Pick:
 
 def _first_tokens(purpose: str, of: Callable[[list[float]], float | int | None]) -> Pick:
     """Of the times to first token of the requests of one purpose (`day_records.first_tokens`)."""
-    def pick(figures: Mapping[str, Any]) -> float | int | None:
-        values = (figures.get("first_token_s") or {}).get(purpose)
-        return None if values is None else of(values)
-    return pick
+    return _of_values(lambda figures: (figures.get("first_token_s") or {}).get(purpose), of)
 
 
 def _cold_count(figures: Mapping[str, Any]) -> int | None:
@@ -205,9 +202,15 @@ def _times_alone(of: Callable[[list[float]], float]) -> Pick:
 def _slot_waits(of: Callable[[list[float]], float | int | None]) -> Pick:
     """Of the waits for a free slot (`day_records.slot_waits`): their number, median or longest.
     None: the server's slots were not known."""
+    return _of_values(lambda figures: figures.get("slot_waits"), of)
+
+
+def _of_values(values: Callable[[Mapping[str, Any]], list[float] | None],
+               of: Callable[[list[float]], float | int | None]) -> Pick:
+    """`of` a list of the figures (None where they have none)."""
     def pick(figures: Mapping[str, Any]) -> float | int | None:
-        waits = figures.get("slot_waits")
-        return None if waits is None else of(waits)
+        found = values(figures)
+        return None if found is None else of(found)
     return pick
 
 
