@@ -1473,6 +1473,34 @@ class TestRule19TrimShortTurns:
             busy(p, f"s{i}", 9.0)
         assert p.on_arrival("t", 54, 3154, 10.0) == [Admit("t", "not cold")]  # 64 rows
 
+    def test_on_a_kv_per_slot_decode_tokens_do_not_fill_the_tile(self) -> None:
+        """llama.cpp cuts a batch by sequence there: the turn's rows are its own, however many
+        decode beside it."""
+        p = self.taught()
+        p.set_layout(None, shared_kv=False)
+        for i in range(10):
+            busy(p, f"s{i}", 9.0)
+        [piece] = p.on_arrival("t", 54, 3154, 10.0)
+        assert isinstance(piece, FeedPiece) and piece.trim
+
+    def test_beside_a_stream_the_trimmed_turn_computes_one_token_more(self) -> None:
+        """On a KV per slot its first token may go with the decode token of the slot below, and
+        63 rows go one at a time (testbed, after 6,000 cached: 64 tokens 1.84-1.91 s, 65 tokens
+        0.29-0.31 s); on one shared KV the extra row rides in the tile the decode tokens fill."""
+        p = self.taught()
+        p.set_layout(5, shared_kv=False)
+        busy(p, "s", 9.0)
+        [piece] = p.on_arrival("t", 54, 3154, 10.0)
+        assert piece == FeedPiece("t", 3154 - 65, trim=True)
+        [sent] = p.on_piece_done("t", 1, 20.0, 10.05)
+        assert isinstance(sent, Forward)
+        assert "65 of its cached tokens computed again with them" in sent.reason
+        p.on_prefill_started("t", 10.1)
+        p.on_first_token("t", 10.4)
+        # a 64-token turn there would compute 63 rows one at a time: trimmed too
+        [piece] = p.on_arrival("u", 64, 3164, 11.0)
+        assert piece == FeedPiece("u", 3164 - 65, trim=True)
+
     def test_a_failed_trim_sends_the_turn_as_it_came_and_a_leaving_client_cancels_it(self) -> None:
         p = self.taught()
         p.on_arrival("t", 54, 3154, 10.0)

@@ -381,6 +381,13 @@ class TestCalibration:
         # a KV per slot: a 530-token prompt's second micro-batch holds 18 of its tokens
         assert extra([], PromptRun(530, 1000), unified=False) == pytest.approx(
             4.8 * 18 * (1000 + 530 - 9) / 1000)
+        # and a 64-token prompt whose slot is just above a decoding one: its first token goes with
+        # that decode token (split_equal, sequential), its other 63 row by row (testbed, after
+        # 6,000 cached: 1.84-1.91 s, where 65 tokens took 0.29-0.31 s)
+        assert extra([2000], PromptRun(64, 6000), unified=False) == 0.0
+        assert extra([2000], PromptRun(64, 6000, chained=True), unified=False) == pytest.approx(
+            4.8 * 63 * (6001 + 31.5) / 1000)
+        assert extra([2000], PromptRun(65, 6000, chained=True), unified=False) == 0.0
 
     def test_the_row_by_row_price_is_fitted_from_the_days_short_prompts(self) -> None:
         """Follow-up turns of 40-60 new tokens after 1,000-7,000 cached, as a `bench day` has

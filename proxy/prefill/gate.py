@@ -124,7 +124,8 @@ class PrefillGate:
         restorable = None
         if self._keep is not None and ids:  # keep_kv (proxy/keep)
             est, restorable = await self._keep.restorable(flight, ids, est)
-        self._policy.set_slots(self._estimator.layout.slots)
+        layout = self._estimator.layout
+        self._policy.set_layout(layout.slots, layout.shared_kv)
         self._sharers.sync_warm()
         request = _Request(key=key, flight=flight, ids=ids, lora=body.get("lora"))
         self._deciding[key] = request

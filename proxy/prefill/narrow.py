@@ -8,7 +8,17 @@ context: a follow-up turn of 54 new tokens after 3,093 cached took 877 ms on the
 after 3,070 took 327 (`bench day`). A trim piece, the prompt's first `len - TILE_ROWS` ids, makes
 llama-server keep only those of the slot's cells (it computes one token again to answer); the turn
 then computes its last 64 tokens in one tile. On a GPU the learned price stays near zero and
-nothing is trimmed. Pure.
+nothing is trimmed.
+
+What shares a short prompt's rows depends on the KV layout. One shared KV cuts the batch into
+micro-batches in order (llama.cpp's `split_simple`): the decode tokens come first and ride in the
+prompt's tile. A KV per slot cuts it by sequence (`split_equal`, sequential): each sequence's rows
+are its own, and when the slot just below the prompt's decodes, the prompt's first token goes with
+that decode token, in a micro-batch of one row per sequence. A 64-token batch then computes 63 rows
+one at a time: after 6,000 cached, beside a stream in the slot below, 64 tokens took 1.84-1.91 s
+and 65 took 0.29-0.31 s (`-np 5 --no-cache-idle-slots`, testbed model; on one shared KV beside a
+stream both took 0.31-0.33 s). So a trimmed turn computes one token more while anybody decodes.
+Pure.
 """
 
 from __future__ import annotations
@@ -64,35 +74,53 @@ class NarrowPrice:
         return max(0.0, statistics.median(self.samples))
 
 
+def fewest_rows(tokens: int, decoders: int, shared_kv: bool | None) -> int:
+    """The rows of the micro-batch a prompt of `tokens` computes in beside `decoders` decode
+    tokens, at fewest: with all of them on one shared KV (or a layout not known); on a KV per slot
+    its own, less the one that may go with the slot below's decode token."""
+    if shared_kv is False:
+        return tokens - (1 if decoders else 0)
+    return tokens + decoders
+
+
+def turn_rows(decoders: int) -> int:
+    """The tokens a trimmed turn computes: a tile, and one more while anybody decodes (on a KV per
+    slot its first token may go with the decode token of the slot below; on one shared KV the
+    decode tokens fill its tile anyway, so the extra row costs about nothing)."""
+    return TILE_ROWS + (1 if decoders else 0)
+
+
 @dataclass(frozen=True)
 class Trim:
     upto: int
-    """The trim piece's prefix: the turn then computes its last TILE_ROWS tokens."""
+    """The trim piece's prefix: the turn then computes its last `rows` tokens."""
+    rows: int
     own_ms: float
     trimmed_ms: float
 
     def reason(self, new_tokens: int) -> str:
         return (f"trimmed: its {new_tokens} new tokens would go row by row (~{self.own_ms:.0f} ms); "
-                f"{TILE_ROWS} of its cached tokens computed again with them, ~{self.trimmed_ms:.0f} ms")
+                f"{self.rows} of its cached tokens computed again with them, ~{self.trimmed_ms:.0f} ms")
 
 
 def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: int,
-         decoders: int, cells: int) -> Trim | None:
+         decoders: int, cells: int, shared_kv: bool | None = None) -> Trim | None:
     """Rule 19: where a short turn's trim piece ends, or None when it does not pay (the server
     shows no row-by-row price, the turn's rows reach a tile with the decode tokens beside it, too
     little is cached)."""
     r = price.per_row_kctx_ms()
     cached = prompt_tokens - new_tokens
-    if (r is None or not 0 < new_tokens < TILE_ROWS or new_tokens + decoders >= TILE_ROWS
+    rows = turn_rows(decoders)
+    if (r is None or new_tokens <= 0 or fewest_rows(new_tokens, decoders, shared_kv) >= TILE_ROWS
             or cached < MIN_CACHED):
         return None
-    upto = prompt_tokens - TILE_ROWS
+    upto = prompt_tokens - rows
     own = cost.batch_ms(new_tokens, cached, decoders, cells) + r * kcells(new_tokens, cached)
     # the trim piece's one token is one more row of the decode step beside it (or a step of its
     # own): the batch cost, fitted on pieces of 64 tokens and more, would price its context and
     # cells as a tile's
     piece = cost.fixed_ms + r * kcells(1, upto - 1)
-    trimmed = piece + cost.batch_ms(TILE_ROWS, upto, decoders, cells)
+    trimmed = piece + cost.batch_ms(rows, upto, decoders, cells)
     if own < TRIM_GAIN * trimmed:
         return None
-    return Trim(upto, own, trimmed)
+    return Trim(upto, rows, own, trimmed)

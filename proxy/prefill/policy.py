@@ -28,7 +28,7 @@ from proxy.prefill.events import (
     Sizer,
 )
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.narrow import NarrowPrice, trim
+from proxy.prefill.narrow import NarrowPrice, fewest_rows, trim
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import wait_s
@@ -132,7 +132,7 @@ class PrefillPolicy:
         flight, and every cold plan a piece of which went: between its pieces its slot is idle in
         the server, but kept for it (a short turn sent then could take the last slot, and the cold
         request would wait for somebody's whole reply: bench day, bob's first turn 18 s behind a
-        translation). With the server's slot count known (`set_slots`), the free slots are the
+        translation). With the server's slot count known (`set_layout`), the free slots are the
         rest; when none is, a request that would go now is held instead (it would only queue in
         the server) and they go in arrival order, one per slot that frees, before a cold plan's
         first piece, unless that plan has waited its own time alone since it arrived (rule 4's
@@ -189,20 +189,22 @@ class PrefillPolicy:
         token. Pieces end on multiples of 64 and prompts do not, so without this every plan's
         rest was such a batch.
     19. A short turn of under TILE_ROWS new tokens after a long cached history, about to go
-        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py): a piece of
-        its prompt's first `len - TILE_ROWS` ids goes first, so that llama-server keeps only those
-        of the slot's cells and the turn computes its last 64 tokens in one tile, not its few row
-        by row (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream
-        1.8 s). The row-by-row price is learned from the requests that computed such a batch
-        (`on_finished`): none on a GPU, and then nothing is trimmed. Nor is a turn whose estimate
-        counts a held reply as cached (`guessed_tokens`) until follow-ups on this server were
-        seen to find their reply whole (estimate/replies.py): where the template renders it
-        otherwise, the trim piece computes what the estimate missed, row by row when under 64
-        tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). A machine seen
-        to change (the batch cost's shift) learns the price again. The trim piece is in flight
-        like a cold request's and teaches no cost; its end (or failure) sends the turn. From the
-        piece to the turn's first token the turn lands as after a restore (rule 14): a longer
-        prompt sent meanwhile would share the short batches that are the trim's point.
+        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py): a piece of its
+        prompt's first `len - TILE_ROWS` ids goes first, so that llama-server keeps only those of the
+        slot's cells and the turn computes its last 64 tokens in one tile, not its few row by row
+        (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream 1.8 s); 65
+        while anybody decodes (on a KV per slot one of them may go with the decode token of the slot
+        below, and 63 would go row by row: `narrow.turn_rows`). Decode tokens fill the turn's tile
+        only on one shared KV (`set_layout`). The row-by-row price is learned from the requests that
+        computed such a batch (`on_finished`): none on a GPU, and then nothing is trimmed. Nor is a
+        turn whose estimate counts a held reply as cached (`guessed_tokens`) until follow-ups on this
+        server were seen to find their reply whole (estimate/replies.py): where the template renders
+        it otherwise, the trim piece computes what the estimate missed, row by row when under 64
+        tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). A machine seen to
+        change (the batch cost's shift) learns the price again. The trim piece is in flight like a
+        cold request's and teaches no cost; its end (or failure) sends the turn. From the piece to the
+        turn's first token the turn lands as after a restore (rule 14): a longer prompt sent meanwhile
+        would share the short batches that are the trim's point.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -220,6 +222,8 @@ class PrefillPolicy:
         self._saving: str | None = None
         self._narrow = NarrowPrice()  # rule 19
         self._narrow_shifts = 0
+        self._shared_kv: bool | None = None
+        """One KV pool shared by the slots (`set_layout`; None: not known)."""
         """The batch cost's shifts the row-by-row price was learned after (rule 19)."""
         self._trims: dict[str, Arrived] = {}
         """Rule 19: short turns whose trim piece is in flight."""
@@ -285,9 +289,11 @@ class PrefillPolicy:
         self._narrow.adopt(narrow)
         self._narrow_shifts = self._cost.shifts
 
-    def set_slots(self, slots: int | None) -> None:
-        """The server's slot count (`/props`), once known."""
+    def set_layout(self, slots: int | None, shared_kv: bool | None) -> None:
+        """The server's slot count and whether its slots share one KV pool (`/props`, as
+        `layout.ServerLayout` reads it), once known."""
         self._line.slots = slots
+        self._shared_kv = shared_kv
 
     def on_prefill_started(self, req_id: str, now: float) -> list[Decision]:
         self._set_phase(req_id, Phase.PREFILLING)
@@ -304,7 +310,8 @@ class PrefillPolicy:
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
             self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
                                        cells)
-        elif prompt_n and prompt_ms is not None and prompt_n + decoders < TILE_ROWS:  # rule 19
+        elif (prompt_n and prompt_ms is not None  # rule 19
+              and fewest_rows(prompt_n, decoders, self._shared_kv) < TILE_ROWS):
             self._narrow.observe(prompt_n, cache_n, prompt_ms,
                                  self._cost.cost.batch_ms(prompt_n, cache_n, decoders, cells))
         self._line.landed(req_id)
@@ -481,7 +488,7 @@ class PrefillPolicy:
         if self._cost.shifts != self._narrow_shifts:  # the machine changed: learned again
             self._narrow, self._narrow_shifts = NarrowPrice(), self._cost.shifts
         cut = trim(self._cost.cost, self._narrow, req.est_new_tokens, req.est_prompt_tokens,
-                   self._use.decoders(), self._use.cells())
+                   self._use.decoders(), self._use.cells(), self._shared_kv)
         if cut is None:
             return []
         self._trims[req.req_id] = req

@@ -108,13 +108,16 @@ class Calibration:
 
 
 def prompt_obs(tokens: int, ctx: int, ms: float, decoders: float, server: ServerSettings,
-               dec_kctx: float = 0.0, others_kv: float = 0.0) -> PrefillObs:
+               dec_kctx: float = 0.0, others_kv: float = 0.0, chained: bool = False
+               ) -> PrefillObs:
+    """`chained`: a KV per slot, the slot just below decoding (`stepcost.PromptRun.chained`)."""
     n_batch, ub, unified = max(1, server.n_batch), max(1, server.n_ubatch), server.kv_unified
     batches = max(1, math.ceil(tokens / n_batch))
     apart = 0.0 if unified else batches * min(1.0, decoders)
     last = tokens - (batches - 1) * n_batch  # the last batch's prompt tokens
     riding = round(decoders)
-    narrow = narrow_kcells(riding, (PromptRun(last, ctx + tokens - last),), ub, unified)
+    narrow = narrow_kcells(riding, (PromptRun(last, ctx + tokens - last, chained=chained),), ub,
+                           unified)
     return PrefillObs(tokens, ctx, ms, decoders, batches, max(1, math.ceil(tokens / ub)), apart,
                       dec_kctx, others_kv if unified else 0.0, narrow,
                       min(ub, riding + min(tokens, n_batch)) >= TILE_ROWS)
@@ -135,7 +138,8 @@ def observations(spans: Sequence[Span], server: ServerSettings,
         computed, prompt_ms = span.prompt_n, span.prompt_ms
         if computed and prompt_ms and not _prefill_beside(index, span, p0, p1):
             obs = prompt_obs(computed, span.cache_n or 0, prompt_ms,
-                             _decoding(index, span, p0, p1), server)
+                             _decoding(index, span, p0, p1), server,
+                             chained=not server.kv_unified and _below_decoding(index, span, p0, p1))
             if computed >= MIN_PROMPT or _narrow(obs):
                 prefills.append(obs)  # shorter ones: the row-by-row price's (`_fit_narrow`)
         steps = (span.predicted_n or 0) - 1
@@ -440,6 +444,16 @@ def _prefill_beside(index: SpanIndex, span: Span, t0: float, t1: float) -> bool:
         if s is not None and e is not None and s < t1 and e > t0:
             return True
     return False
+
+
+def _below_decoding(index: SpanIndex, span: Span, t0: float, t1: float) -> bool:
+    """The slot just below `span`'s decoding when its prompt started (a KV per slot: its first
+    token then goes with that decode token, `stepcost.PromptRun.chained`)."""
+    if span.slot is None or span.slot < 1:
+        return False
+    return any(other.slot == span.slot - 1 and other.first_token is not None
+               and other.first_token <= t0 < other.end
+               for other in index.active(t0, t1, span.key))
 
 
 def _decoding(index: SpanIndex, span: Span, t0: float, t1: float) -> float:

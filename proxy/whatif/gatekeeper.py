@@ -48,13 +48,13 @@ class PolicySeam:
     (`warm`) it gives their queue its load and piece sizes (rule 15), as in the gate."""
 
     def __init__(self, config: PrefillConfig, n_batch: int, slots: int, *,
-                 keep: bool = False, warm: bool = False) -> None:
+                 shared_kv: bool = True, keep: bool = False, warm: bool = False) -> None:
         self.estimates = config.mode != "off" or keep or warm
         self._config = config
         """Arrivals come with their estimate (and a kept file), as the gate's do."""
         self._policy = PrefillPolicy(config, n_batch=n_batch) if self.estimates else None
         if self._policy is not None:  # as the gate does, from /props
-            self._policy.set_slots(slots)
+            self._policy.set_layout(slots, shared_kv)
         self.unknown: dict[str, int] = {}
         """Decisions of a kind this seam does not know, by name (left unapplied)."""
 

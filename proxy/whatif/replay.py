@@ -83,7 +83,7 @@ class Replay:
         self.warm_plan = warm_jobs(workload.warm_records, workload.jobs,
                                    restored=workload.restored_by_warm_up)
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
-                                 keep=cfg.keep_kv.enabled,
+                                 shared_kv=settings.server.kv_unified, keep=cfg.keep_kv.enabled,
                                  warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self.clock = Clock()

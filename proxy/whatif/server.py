@@ -292,7 +292,9 @@ class ServerModel:
         dec_ctx = [s.held.n for s in decoders]
         scanned = self._place(runs, decoders)
         span = self.kv.span() if self.kv is not None else 0
-        prompt = [PromptRun(n, s.held.n, max(0, span - s.held.n - n)) for s, n in runs]
+        below = {s.id + 1 for s in decoders} if not self.settings.kv_unified else set()
+        prompt = [PromptRun(n, s.held.n, max(0, span - s.held.n - n), chained=s.id in below)
+                  for s, n in runs]
         return batch_ms(self.costs, dec_ctx, prompt, n_ubatch=self.settings.n_ubatch,
                         unified=self.settings.kv_unified, scanned=scanned)
 

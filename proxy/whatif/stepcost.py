@@ -1,6 +1,7 @@
 """How long one batch of the server model takes, from the `Costs`: prompt tokens in micro-batches of
 `n_ubatch` (with one shared KV the decode tokens share the first; with a KV per slot they get one
-of their own, llama.cpp's split_equal), or a step of decode tokens only. Pure arithmetic.
+of their own, llama.cpp's split_equal, with the first token of a prompt whose slot is just above a
+decoding one's), or a step of decode tokens only. Pure arithmetic.
 
 Every token attends to its own slot's cells. With one shared KV its attention still runs over
 every cell up to the highest in use (kvcells.py), reading the mask of those it skips: a decode
@@ -33,6 +34,14 @@ class PromptRun:
     """Cells the first of them attends to before itself: the slot's own tokens."""
     others: int = 0
     """Cells of one shared KV's span beyond its own (masked from it, but scanned: kvcells.py)."""
+    chained: bool = False
+    """A KV per slot, the slot just below decoding: split_equal (sequential) puts this run's first
+    token in the decode tokens' micro-batch, one row per sequence, and the rest after it."""
+
+    @property
+    def own_rows(self) -> int:
+        """Its tokens in micro-batches of its own."""
+        return self.tokens - (1 if self.chained and self.tokens > 1 else 0)
 
 
 def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun], *,
@@ -49,7 +58,7 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
     if unified:
         micro = math.ceil((decoders + prompt) / ub)
     else:
-        micro = (1 if decoders else 0) + sum(math.ceil(r.tokens / ub) for r in runs)
+        micro = (1 if decoders else 0) + sum(math.ceil(r.own_rows / ub) for r in runs)
     ms = costs.fixed_ms * micro + costs.per_decoder_ms * decoders + attended
     if unified and min(ub, decoders + prompt) >= TILE_ROWS:
         # the decode tokens ride in the prompt's first micro-batch, in its query tiles (fewer
@@ -70,13 +79,14 @@ def batch_ms(costs: Costs, decode_ctx: Sequence[int], runs: Sequence[PromptRun],
 def narrow_kcells(decoders: int, runs: Sequence[PromptRun], n_ubatch: int, unified: bool) -> float:
     """Thousands of cells the prompt tokens of micro-batches under TILE_ROWS rows attend to, all
     together: the last micro-batch of each run (a KV per slot: llama.cpp's split_equal gives each
-    sequence its own), or of the batch (one shared KV: decode tokens first, then the runs in order,
-    cut every `n_ubatch` rows); ggml's CPU flash attention computes those rows one at a time."""
+    sequence its own, after the token a chained run gives the decode tokens' micro-batch), or of the
+    batch (one shared KV: decode tokens first, then the runs in order, cut every `n_ubatch` rows);
+    ggml's CPU flash attention computes those rows one at a time."""
     ub = max(1, n_ubatch)
     if not unified:
         total = 0.0
         for run in runs:
-            last = run.tokens - (math.ceil(run.tokens / ub) - 1) * ub
+            last = run.own_rows - (math.ceil(run.own_rows / ub) - 1) * ub
             if 0 < last < TILE_ROWS:
                 total += kcells(last, run.ctx + run.tokens - last)
         return total
