@@ -373,6 +373,31 @@ class TestRule7Restore:
         assert s.restoring == {} and s.displaced_tokens == 0
         assert s.restore(chain(1100, seed=6), "", 1100, 0, [slot(0, 1030, 5)]) is not None
 
+    def test_never_into_the_slot_a_request_in_flight_would_be_given(self) -> None:
+        """bench day: `bob`'s trim piece went as `eve`'s restore chose his idle slot; llama-server
+        gave the piece and then `bob`'s turn that slot by similarity, and ran the restore after
+        his whole reply, 25.8 s later. A shared head of a tenth of a prompt or less does not
+        count (llama-server's similarity threshold)."""
+        def bobs_store(*idle: SlotState) -> KeepStore:
+            s = with_files(saved_file(4096, seed=5))
+            s.on_request_ended(chain(1900, seed=2, start=128), "", 1900, 10, 0.0)
+            s.on_request_ended(chain(1100, seed=3, start=128), "", 1100, 10, 0.0)
+            s.on_slots(idle, 1.0, quiet=False)
+            return s
+
+        both = [slot(1, 1909, 4), slot(2, 1109, 5)]
+        bobs_turn = (chain(1960, seed=2, start=128), 1960)  # his conversation and a new message
+        restore = bobs_store(*both).restore(chain(4130, seed=5), "", 4130, 0, both,
+                                            others=[bobs_turn])
+        assert restore is not None and restore.slot == 2
+        alone = [slot(1, 1909, 4)]
+        assert bobs_store(*alone).restore(chain(4130, seed=5), "", 4130, 0, alone,
+                                          others=[bobs_turn]) is None  # it waits for a slot
+        # another conversation sharing only the first 128 tokens with bob's: under 10 % of 1,960
+        other = (chain(1960, seed=9, start=128), 1960)
+        assert bobs_store(*alone).restore(chain(4130, seed=5), "", 4130, 0, alone,
+                                          others=[other]) is not None
+
     def test_nothing_to_save_first_in_an_empty_slot_or_under_min_tokens(self) -> None:
         s = with_files(saved_file(1024, seed=5))
         empty = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(1, 0, 2)])

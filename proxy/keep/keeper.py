@@ -69,6 +69,10 @@ MAX_POLL_S = 30.0
 PROBE_RETRY_S = 15.0
 
 
+NOT_IN_A_SLOT_YET = frozenset({Phase.ARRIVED, Phase.HELD, Phase.QUEUED})
+"""Requests whose slot llama-server has not given yet (it gives an idle one by similarity)."""
+
+
 class Keeper:
     def __init__(self, state: ProxyState, estimator: Estimator, *,
                  wake: asyncio.Event | None = None,
@@ -184,7 +188,10 @@ class Keeper:
         self._apply_now(self.store.on_slots(slots, self._wall(), quiet=False))
         est = estimate(ids, self._estimator.cache)
         lora = None if flight.lora_out is None else lora_settings(flight.lora_out)
-        restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots, lora)
+        others = [(c, n) for f, (c, _, n) in self._flights.items()
+                  if f is not flight and f.phase in NOT_IN_A_SLOT_YET]
+        restore = self.store.restore(chain, variant, len(ids), est.cached_tokens, slots, lora,
+                                     others)
         if restore is None:
             found = self.store.candidate(chain, variant, len(ids), est.cached_tokens)
             if found is None:  # the server's cache holds it now, or the file went

@@ -30,7 +30,11 @@ Rules (tests/test_keep_store.py has one class per rule):
    (`keeps_restored_kv`: llama-server clears a slot's cache for a request whose explicit `lora`
    differs from the slot's last one, and for a slot that never had a task; any other is primed
    first, `prime`), then an empty one, then one whose conversation a file
-   holds, then the one with the oldest task (the least loss). No such slot: no restore now (the
+   holds, then the one with the oldest task (the least loss); never one llama-server would give
+   another request in flight by its prompt similarity (`wanted`: the slot of its own conversation,
+   most often; restored into, the restore would wait there for that request's whole reply: bench
+   day, `eve`'s restore into the slot `bob`'s trim piece was sent to took 25.8 s). No such slot:
+   no restore now (the
    prefill policy's rule 14 waits for the next slot to come free). A conversation no file holds in
    the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one save at a
    time: a save costs a stall of about a second, recomputing it tens of seconds (llama-server's own
@@ -231,13 +235,17 @@ class KeepStore:
         return best
 
     def restore(self, chain: Sequence[int], variant: str, prompt_tokens: int, cached: int,
-                slots: Sequence[SlotState], lora: Lora | None = None) -> RestoreInto | None:
-        """`lora`: the request's explicit LoRA settings (None: it sends none)."""
+                slots: Sequence[SlotState], lora: Lora | None = None,
+                others: Iterable[tuple[Sequence[int], int]] = ()) -> RestoreInto | None:
+        """`lora`: the request's explicit LoRA settings (None: it sends none). `others`: the
+        chain and prompt length of every other request in flight (`wanted`)."""
         found = self.candidate(chain, variant, prompt_tokens, cached)
         if found is None:
             return None
         using = set(self.restoring) | ({self.saving.slot} if self.saving else set())
-        idle = [s for s in slots if not s.busy and s.id not in using]
+        free = [s for s in slots if not s.busy and s.id not in using]
+        wanted = self.wanted(others, [s.id for s in free])
+        idle = [s for s in free if s.id not in wanted]
         if not idle:
             return None
         saved = {c.slot for c in self.conversations.values() if c.slot is not None and self.saved(c)}
@@ -248,6 +256,19 @@ class KeepStore:
                                prime=not keeps_restored_kv(slot, lora))
         self.restoring[slot.id] = decision
         return decision
+
+    def wanted(self, requests: Iterable[tuple[Sequence[int], int]], idle: Sequence[int]) -> set[int]:
+        """Rule 7: of the `idle` slots, those llama-server would give one of `requests` (chain,
+        prompt tokens) by its prompt similarity: the slot whose conversation shares the longest
+        prefix with it, if that is at least SLOT_SIMILARITY of its prompt (llama-server's
+        `--slot-prompt-similarity`, 0.1 by default)."""
+        held = [(slot, conv.chain) for slot in idle if (conv := self.in_slot(slot)) is not None]
+        wanted = set()
+        for chain, tokens in requests:
+            best = max(((common_blocks(c, chain), slot) for slot, c in held), default=(0, -1))
+            if best[0] and best[0] * BLOCK_TOKENS >= SLOT_SIMILARITY * tokens:
+                wanted.add(best[1])
+        return wanted
 
     def displaced_save(self, restore: RestoreInto) -> SaveSlot | None:
         """Rule 7: the unsaved conversation `restore` would push out of its slot, to save first
@@ -386,6 +407,11 @@ class KeepStore:
             return
         for conv in sorted(self.conversations.values(), key=lambda c: c.ended)[:extra]:
             del self.conversations[conv.name]
+
+
+SLOT_SIMILARITY = 0.1
+"""llama-server's `--slot-prompt-similarity` default: a request goes to the idle slot whose cached
+prompt covers the largest share of its own, if at least this share."""
 
 
 def worth_restoring(covered: int, cached: int, prompt_tokens: int, min_tokens: int) -> bool:
