@@ -85,6 +85,8 @@ class Replay:
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
                                  shared_kv=settings.server.kv_unified, keep=cfg.keep_kv.enabled,
                                  warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
+        if cfg.prefill.learned_file:  # it started the day with what it had learned before
+            self.policy.start_learned(costs.narrow_per_row_kctx_ms)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self.clock = Clock()
         self._live: dict[str, _Live] = {}
