@@ -25,21 +25,20 @@ Rules (tests/test_keep_store.py has one class per rule):
 6. Budget. Files not used for `max_age_s`, then beyond `max_files` or `max_bytes`, are deleted, least
    recently used first (`budget.py`); a file larger than the whole budget goes at once.
 7. Restore. A request whose prompt a file of this model and variant covers for at least `MOST` of
-   its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into an
-   idle slot no save or restore is using: one whose KV the request will keep first
+   its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into
+   an idle slot no save or restore is using: one whose KV the request will keep first
    (`keeps_restored_kv`: llama-server clears a slot's cache for a request whose explicit `lora`
    differs from the slot's last one, and for a slot that never had a task; any other is primed
-   first, `prime`), then an empty one, then one whose conversation a file
-   holds, then the one with the oldest task (the least loss); never one llama-server would give
-   another request in flight by its prompt similarity (`wanted`: the slot of its own conversation,
-   most often; restored into, the restore would wait there for that request's whole reply: bench
-   day, `eve`'s restore into the slot `bob`'s trim piece was sent to took 25.8 s). No such slot:
-   no restore now (the
-   prefill policy's rule 14 waits for the next slot to come free). A conversation no file holds in
-   the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one save at a
-   time: a save costs a stall of about a second, recomputing it tens of seconds (llama-server's own
-   slot choice would have copied it to its RAM cache; a restore does not). What it still displaces
-   is counted (`displaced_tokens`): its next turn computes it again.
+   first, `prime`), then an empty one, then one whose conversation a file holds, then the one with
+   the oldest task (the least loss); never one llama-server would give another request in flight by
+   its prompt similarity (`wanted`: the slot of its own conversation, most often; restored into, the
+   restore would wait there for that request's whole reply: bench day, `eve`'s restore into the slot
+   `bob`'s trim piece was sent to took 25.8 s). No such slot: no restore now (the prefill policy's
+   rule 14 waits for the next slot to come free). A conversation no file holds in the slot it takes
+   (of at least `min_tokens`) is saved first (`displaced_save`), one save at a time: a save costs a
+   stall of about a second, recomputing it tens of seconds (llama-server's own slot choice would
+   have copied it to its RAM cache; a restore does not). What it still displaces is counted
+   (`displaced_tokens`): its next turn computes it again.
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
    this server: another KV layout, a damaged file) deletes the file; one with no answer after which

@@ -222,9 +222,9 @@ class PrefillPolicy:
         self._saving: str | None = None
         self._narrow = NarrowPrice()  # rule 19
         self._narrow_shifts = 0
+        """The batch cost's shifts the row-by-row price was learned after (rule 19)."""
         self._shared_kv: bool | None = None
         """One KV pool shared by the slots (`set_layout`; None: not known)."""
-        """The batch cost's shifts the row-by-row price was learned after (rule 19)."""
         self._trims: dict[str, Arrived] = {}
         """Rule 19: short turns whose trim piece is in flight."""
         self.save_ms: float | None = None
