@@ -24,6 +24,7 @@ from proxy.prefill import (
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Load, Restorable, Restore, Save
+from proxy.prefill.narrow import last_rows
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
 from proxy.prefill.pacing import IDLE_STALL, WarmSizer
 from proxy.prefill.pieces import piece_body
@@ -1415,7 +1416,7 @@ class TestRule19TrimShortTurns:
         [sent] = p.on_piece_done("t", 1, 20.0, 10.05)
         assert isinstance(sent, Forward) and sent.req_id == "t"
         assert sent.reason.startswith("trimmed: its 54 new tokens would go row by row (~")
-        assert "64 of its cached tokens computed again with them" in sent.reason
+        assert "; 10 of its cached tokens computed again with them" in sent.reason  # 64 in all
         assert ("t", Phase.QUEUED) in p.snapshot().in_flight
 
     def test_a_longer_prompt_waits_for_the_trimmed_turns_first_token(self) -> None:
@@ -1494,12 +1495,63 @@ class TestRule19TrimShortTurns:
         assert piece == FeedPiece("t", 3154 - 65, trim=True)
         [sent] = p.on_piece_done("t", 1, 20.0, 10.05)
         assert isinstance(sent, Forward)
-        assert "65 of its cached tokens computed again with them" in sent.reason
+        assert "; 11 of its cached tokens computed again with them" in sent.reason  # 65 in all
         p.on_prefill_started("t", 10.1)
         p.on_first_token("t", 10.4)
         # a 64-token turn there would compute 63 rows one at a time: trimmed too
         [piece] = p.on_arrival("u", 64, 3164, 11.0)
         assert piece == FeedPiece("u", 3164 - 65, trim=True)
+
+    def test_a_longer_prompt_whose_last_micro_batch_is_short_is_trimmed(self) -> None:
+        """bench day: a post-summary rest of 559 new tokens beside three streams on one shared KV
+        took 1.8 s, where 576 took 1.0-1.2: after 509 prompt tokens and the three decode tokens
+        fill llama-server's first micro-batch of 512, its last 50 rows go one at a time."""
+        p = self.taught()
+        p.set_layout(8, shared_kv=True)
+        for i in range(3):
+            busy(p, f"s{i}", 9.0)
+        [piece] = p.on_arrival("t", 559, 2479, 10.0)
+        assert piece == FeedPiece("t", 2479 - 577, trim=True)  # 512 + 65: a tile and one more
+        [sent] = p.on_piece_done("t", 1, 20.0, 10.1)
+        assert isinstance(sent, Forward)
+        assert sent.reason.startswith("trimmed: the last 50 of its 559 new tokens would go row by")
+        assert "; 18 of its cached tokens computed again with them" in sent.reason
+        p.on_prefill_started("t", 10.2)
+        p.on_first_token("t", 11.4)
+        assert p.on_arrival("u", 576, 2496, 12.0) == [Admit("u", "not cold")]  # 579 rows: 512 + 67
+        # on a KV per slot the first token may go with the decode token below: 558 = 512 + 46
+        p.set_layout(8, shared_kv=False)
+        [piece] = p.on_arrival("v", 559, 2479, 13.0)
+        assert piece == FeedPiece("v", 2479 - 577, trim=True)  # 576 = 512 + 64 of its own
+
+    def test_a_prompt_that_ended_in_a_short_micro_batch_teaches_the_batch_cost_nothing(
+            self) -> None:
+        """Its time is the tiles' and the rows' one at a time: taken as tiles, it would teach a
+        machine slower than the one a piece meets. One that ends in a tile teaches as before."""
+        p = self.taught()
+        before = p.snapshot().cost.samples
+        p.on_finished("a", 12.0, prompt_n=559, prompt_ms=1824.0, cache_n=1920)  # 512 + 47
+        assert p.snapshot().cost.samples == before
+        p.on_finished("b", 14.0, prompt_n=576, prompt_ms=600.0, cache_n=1920)  # 512 + 64
+        assert p.snapshot().cost.samples == before + 1
+
+    def test_the_last_micro_batch_follows_the_servers_batch_sizes(self) -> None:
+        """`-b 512`: each batch holds the decode tokens and 509 prompt tokens, the last one the
+        rest; `-ub 256` cuts it finer. Nothing is trimmed with little cached before the tail."""
+        p = self.taught(n_ubatch=256)
+        for i in range(3):
+            busy(p, f"s{i}", 9.0)
+        assert last_rows(559, 3, True, 512, 512) == 53  # 509, then 50 beside the 3 decode tokens
+        assert last_rows(559, 3, True, 2048, 256) == 50  # 562 rows: 256, 256, 50
+        assert last_rows(559, 3, False, 2048, 256) == 46  # one with the decode token, 558 own
+        assert last_rows(54, 3, True, 2048, 512) == 57 and last_rows(54, 3, False, 2048, 512) == 53
+        [piece] = p.on_arrival("t", 559, 2479, 10.0)  # n_ubatch 256: 2 x 256 + 65
+        assert piece == FeedPiece("t", 2479 - 577, trim=True)
+        p.on_piece_done("t", 1, 20.0, 10.1)
+        p.on_prefill_started("t", 10.2)
+        p.on_first_token("t", 11.4)
+        # 441 cached: its tail attends to 950 tokens, cheap either way
+        assert p.on_arrival("u", 559, 1000, 12.0) == [Admit("u", "not cold")]
 
     def test_a_failed_trim_sends_the_turn_as_it_came_and_a_leaving_client_cancels_it(self) -> None:
         p = self.taught()

@@ -132,6 +132,8 @@ def prefill_table(data: Mapping[str, Any]) -> PrefillConfig:
                                 d.tokenizer_model),
         n_batch=number(data, "n_batch", "prefill.n_batch", d.n_batch, low=32, high=1 << 20,
                         integer=True),
+        n_ubatch=number(data, "n_ubatch", "prefill.n_ubatch", d.n_ubatch, low=1, high=1 << 20,
+                         integer=True),
         max_cold_factor=_cold_factor(data, d.max_cold_factor),
         background_purposes=_purposes(data.get("background_purposes", [])),
         trim_short_turns=flag(data, "trim_short_turns", "prefill.trim_short_turns",

@@ -118,6 +118,9 @@ class PrefillConfig:
     """GGUF file to tokenize with in process (needs slotwise[gguf]); empty: ask the upstream."""
     n_batch: int = 2048
     """chunk: the upstream's `-b` (llama-server does not report it); a piece never exceeds it."""
+    n_ubatch: int = 512
+    """The upstream's `-ub` (llama-server does not report it): where a prompt sent whole ends its
+    last micro-batch, trimmed when that is under 64 rows (`trim_short_turns`)."""
     max_cold_factor: float = 2.0
     """chunk: the cold request should take at most this × its time alone (as the fitted batch cost
     predicts it); the pauses between pieces shrink when it falls behind. 0: no such bound."""
@@ -131,8 +134,9 @@ class PrefillConfig:
     trim_short_turns: bool = True
     """Any mode but off: a turn of under 64 new tokens after a long cached history, on a server
     that computes so few rows one at a time (llama-server's flash attention on a CPU: learned from
-    the requests that did), computes 64 of its cached tokens again with them, in one tile: a
-    trim piece first (docs/prefill.md)."""
+    the requests that did), computes again as many of its cached tokens as make 64 in one tile:
+    a trim piece first (docs/prefill.md). So does a longer prompt sent whole whose last
+    micro-batch (`n_ubatch`) would hold under 64 rows."""
     learned_file: str = ""
     """A file where slotwise keeps what it measured of its llama-server across its own restarts
     (the batch cost, the row-by-row price, how much of a reply follow-ups find), for the same

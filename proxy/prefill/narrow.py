@@ -18,7 +18,12 @@ that decode token, in a micro-batch of one row per sequence. A 64-token batch th
 one at a time: after 6,000 cached, beside a stream in the slot below, 64 tokens took 1.84-1.91 s
 and 65 took 0.29-0.31 s (`-np 5 --no-cache-idle-slots`, testbed model; on one shared KV beside a
 stream both took 0.31-0.33 s). So a trimmed turn computes one token more while anybody decodes.
-Pure.
+
+A longer prompt sent whole ends the same way when its last micro-batch (llama-server's `-ub`, 512
+by default) holds fewer than 64 rows: `bench day`'s post-summary rest of 559 new tokens beside
+three streams on one shared KV ended in 50 rows and took 1.76-1.98 s (six runs), every stream
+frozen for all of it, where 576 tokens took 1.0-1.2 s. Its trim computes again the cached tokens
+that raise that micro-batch to a tile. Pure.
 """
 
 from __future__ import annotations
@@ -83,44 +88,89 @@ def fewest_rows(tokens: int, decoders: int, shared_kv: bool | None) -> int:
     return tokens + decoders
 
 
+def last_rows(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
+              n_ubatch: int) -> int:
+    """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest.
+    llama-server puts the decode tokens first in every batch, then prompt tokens up to `n_batch`;
+    llama.cpp cuts a batch into micro-batches of `n_ubatch` rows. A prompt that fits one
+    micro-batch shares it (`fewest_rows`); a longer one ends in the rest of its last batch: 559
+    new tokens beside three streams on one shared KV end in 50 rows, computed one at a time (bench
+    day: 1.8 s, where 576 took 1.0-1.2)."""
+    ub = max(1, min(n_batch, n_ubatch))
+    room = max(1, n_batch - decoders)  # prompt tokens per batch
+    last = tokens - (-(-tokens // room) - 1) * room  # the last batch's prompt tokens
+    rows = fewest_rows(last, decoders, shared_kv)
+    return rows if rows <= ub else rows % ub or ub  # decode tokens ride in the first one
+
+
+def own_last(tokens: int, n_batch: int, n_ubatch: int) -> int:
+    """The prompt's own tokens in its last micro-batch, counting none that go with decode tokens:
+    what a trim raises to a tile (and one more while anybody decodes: `turn_rows`)."""
+    return last_rows(tokens, 0, True, n_batch, n_ubatch)
+
+
 def turn_rows(decoders: int) -> int:
-    """The tokens a trimmed turn computes: a tile, and one more while anybody decodes (on a KV per
-    slot its first token may go with the decode token of the slot below; on one shared KV the
-    decode tokens fill its tile anyway, so the extra row costs about nothing)."""
+    """The tokens a trimmed turn's last micro-batch computes of its own: a tile, and one more while
+    anybody decodes (on a KV per slot its first token may go with the decode token of the slot
+    below; on one shared KV the decode tokens fill its tile anyway, so the extra row costs about
+    nothing)."""
     return TILE_ROWS + (1 if decoders else 0)
 
 
 @dataclass(frozen=True)
 class Trim:
     upto: int
-    """The trim piece's prefix: the turn then computes its last `rows` tokens."""
+    """The trim piece's prefix: the prompt then computes its last `rows` tokens."""
     rows: int
+    new_tokens: int
+    tail: int
+    """Its new tokens in the micro-batch that would go row by row (all of them: a short turn)."""
     own_ms: float
+    """That micro-batch as it would go, row by row."""
     trimmed_ms: float
+    """The trim piece and that micro-batch as a tile."""
 
-    def reason(self, new_tokens: int) -> str:
-        return (f"trimmed: its {new_tokens} new tokens would go row by row (~{self.own_ms:.0f} ms); "
-                f"{self.rows} of its cached tokens computed again with them, ~{self.trimmed_ms:.0f} ms")
+    def reason(self) -> str:
+        again = self.rows - self.new_tokens
+        part = (f"its {self.new_tokens} new tokens" if self.tail >= self.new_tokens
+                else f"the last {self.tail} of its {self.new_tokens:,} new tokens")
+        return (f"trimmed: {part} would go row by row (~{self.own_ms:.0f} ms); {again} of its "
+                f"cached tokens computed again with them, ~{self.trimmed_ms:.0f} ms")
 
 
 def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: int,
-         decoders: int, cells: int, shared_kv: bool | None = None) -> Trim | None:
-    """Rule 19: where a short turn's trim piece ends, or None when it does not pay (the server
-    shows no row-by-row price, the turn's rows reach a tile with the decode tokens beside it, too
-    little is cached)."""
+         decoders: int, cells: int, shared_kv: bool | None = None, *, n_batch: int = 2048,
+         n_ubatch: int = 512) -> Trim | None:
+    """Rule 19: where a prompt's trim piece ends, or None when it does not pay (the server shows
+    no row-by-row price, its last micro-batch reaches a tile (with the decode tokens beside it when
+    it shares theirs), too little is cached). The trim computes again as many of its cached tokens
+    as raise its last micro-batch to `turn_rows`; what is compared is that micro-batch alone, row
+    by row, against the trim piece and the micro-batch as a tile (the full ones before it cost the
+    same either way)."""
     r = price.per_row_kctx_ms()
     cached = prompt_tokens - new_tokens
-    rows = turn_rows(decoders)
-    if (r is None or new_tokens <= 0 or fewest_rows(new_tokens, decoders, shared_kv) >= TILE_ROWS
-            or cached < MIN_CACHED):
+    if r is None or new_tokens <= 0:
+        return None
+    if last_rows(new_tokens, decoders, shared_kv, n_batch, n_ubatch) >= TILE_ROWS:
+        return None
+    alone = own_last(new_tokens, n_batch, n_ubatch) >= new_tokens  # one micro-batch: a short turn
+    tail = new_tokens if alone else last_rows(new_tokens, decoders, shared_kv, n_batch, n_ubatch)
+    ctx = cached + new_tokens - tail  # what the tail's tokens attend to
+    want = turn_rows(decoders)
+    rows = new_tokens
+    while own_last(rows, n_batch, n_ubatch) < want and rows - new_tokens <= 2 * TILE_ROWS:
+        rows += 1
+    again = rows - new_tokens
+    if ctx < MIN_CACHED or own_last(rows, n_batch, n_ubatch) < want or again >= cached:
         return None
     upto = prompt_tokens - rows
-    own = cost.batch_ms(new_tokens, cached, decoders, cells) + r * kcells(new_tokens, cached)
+    beside = decoders if alone else 0  # the decode tokens ride in a prompt's first micro-batch
+    own = cost.batch_ms(tail, ctx, beside, cells) + r * kcells(tail, ctx)
     # the trim piece's one token is one more row of the decode step beside it (or a step of its
     # own): the batch cost, fitted on pieces of 64 tokens and more, would price its context and
     # cells as a tile's
     piece = cost.fixed_ms + r * kcells(1, upto - 1)
-    trimmed = piece + cost.batch_ms(rows, upto, decoders, cells)
+    trimmed = piece + cost.batch_ms(tail + again, ctx - again, beside, cells)
     if own < TRIM_GAIN * trimmed:
         return None
-    return Trim(upto, rows, own, trimmed)
+    return Trim(upto, rows, new_tokens, tail, own, trimmed)

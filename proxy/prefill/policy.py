@@ -28,7 +28,7 @@ from proxy.prefill.events import (
     Sizer,
 )
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.narrow import NarrowPrice, fewest_rows, trim
+from proxy.prefill.narrow import NarrowPrice, fewest_rows, last_rows, trim
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import wait_s
@@ -189,9 +189,12 @@ class PrefillPolicy:
         token. Pieces end on multiples of 64 and prompts do not, so without this every plan's
         rest was such a batch.
     19. A short turn of under TILE_ROWS new tokens after a long cached history, about to go
-        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py): a piece of its
-        prompt's first `len - TILE_ROWS` ids goes first, so that llama-server keeps only those of the
-        slot's cells and the turn computes its last 64 tokens in one tile, not its few row by row
+        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py), and so is a
+        longer prompt about to go whole whose last micro-batch (`n_ubatch`) would hold under
+        TILE_ROWS rows (bench day: a 559-token post-summary rest beside three streams on one shared
+        KV ended in 50 rows, 1.8 s where 576 tokens took 1.0-1.2): a piece of its prompt goes
+        first (a short turn's first `len - TILE_ROWS` ids), so that llama-server keeps only those of
+        the slot's cells and the prompt computes its last 64 tokens in one tile, not its few row by row
         (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream 1.8 s); 65
         while anybody decodes (on a KV per slot one of them may go with the decode token of the slot
         below, and 63 would go row by row: `narrow.turn_rows`). Decode tokens fill the turn's tile
@@ -201,10 +204,11 @@ class PrefillPolicy:
         server were seen to find their reply whole (estimate/replies.py): where the template renders
         it otherwise, the trim piece computes what the estimate missed, row by row when under 64
         tokens (bench day: 7 of 12 trim pieces computed 24-240 tokens, not one). A machine seen to
-        change (the batch cost's shift) learns the price again. The trim piece is in flight like a
-        cold request's and teaches no cost; its end (or failure) sends the turn. From the piece to the
-        turn's first token the turn lands as after a restore (rule 14): a longer prompt sent meanwhile
-        would share the short batches that are the trim's point.
+        change (the batch cost's shift) learns the price again; a prompt whose last micro-batch was
+        short teaches the batch cost nothing (its tiled form cannot tell). The trim piece is in
+        flight like a cold request's and teaches no cost; its end (or failure) sends the turn. From
+        the piece to the turn's first token the turn lands as after a restore (rule 14): a longer
+        prompt sent meanwhile would share the short batches that are the trim's point.
     """
 
     def __init__(self, config: PrefillConfig, *, n_batch: int = 2048,
@@ -308,8 +312,10 @@ class PrefillPolicy:
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
         decoders, cells = self._use.decoders(besides=req_id), self._use.cells(besides=req_id)
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
-            self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
-                                       cells)
+            if last_rows(prompt_n, decoders, self._shared_kv, self._n_batch,
+                         self._cfg.n_ubatch) >= TILE_ROWS:  # rule 19: a short last one is not tiled
+                self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
+                                           cells)
         elif (prompt_n and prompt_ms is not None  # rule 19
               and fewest_rows(prompt_n, decoders, self._shared_kv) < TILE_ROWS):
             self._narrow.observe(prompt_n, cache_n, prompt_ms,
@@ -488,12 +494,13 @@ class PrefillPolicy:
         if self._cost.shifts != self._narrow_shifts:  # the machine changed: learned again
             self._narrow, self._narrow_shifts = NarrowPrice(), self._cost.shifts
         cut = trim(self._cost.cost, self._narrow, req.est_new_tokens, req.est_prompt_tokens,
-                   self._use.decoders(), self._use.cells(), self._shared_kv)
+                   self._use.decoders(), self._use.cells(), self._shared_kv,
+                   n_batch=self._n_batch, n_ubatch=self._cfg.n_ubatch)
         if cut is None:
             return []
         self._trims[req.req_id] = req
         self._line.land(req.req_id, now, started=True)
-        self._notes[req.req_id] = self._noted(req.req_id, cut.reason(req.est_new_tokens))
+        self._notes[req.req_id] = self._noted(req.req_id, cut.reason())
         return [FeedPiece(req.req_id, cut.upto, trim=True)]
 
     def _release_trim(self, req: Arrived, failed: str | None, now: float) -> list[Decision]:

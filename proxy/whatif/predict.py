@@ -85,10 +85,11 @@ def settings_of(inputs: Inputs) -> tuple[Settings, Settings, list[str]]:
     else:
         data, more = recorded_config(inputs.records)
         notes += more
-    prefill = data.get("prefill")
-    if "n_batch" in values and not (isinstance(prefill, dict) and "n_batch" in prefill):
-        data = {**data, "prefill": {**(prefill if isinstance(prefill, dict) else {}),
-                                    "n_batch": server.n_batch}}
+    for key in ("n_batch", "n_ubatch"):  # what slotwise was told of the server, as it ran
+        prefill = data.get("prefill")
+        if key in values and not (isinstance(prefill, dict) and key in prefill):
+            data = {**data, "prefill": {**(prefill if isinstance(prefill, dict) else {}),
+                                        key: getattr(server, key)}}
     recorded = Settings(server, config_from(data))
     return recorded, apply(recorded, inputs.sets, data), notes
 
@@ -184,7 +185,8 @@ def predict(inputs: Inputs) -> Prediction:
 def same_tasks(whatif: Settings, recorded: Settings) -> bool:
     """Whether slotwise sends the server the same tasks in the what-if (its settings other than
     the batch size it is told are the recorded ones): no other pieces, restores or holds."""
-    prefill = dataclasses.replace(whatif.config.prefill, n_batch=recorded.config.prefill.n_batch)
+    prefill = dataclasses.replace(whatif.config.prefill, n_batch=recorded.config.prefill.n_batch,
+                                  n_ubatch=recorded.config.prefill.n_ubatch)
     return dataclasses.replace(whatif.config, prefill=prefill) == recorded.config
 
 

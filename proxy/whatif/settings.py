@@ -107,8 +107,9 @@ def apply(base: Settings, items: Sequence[str], config_data: Mapping[str, Any]) 
             raise SettingsError(f"{key}: unknown key (valid: {', '.join(SERVER_KEYS)}, or a slotwise "
                                 f"config key TABLE.KEY of {', '.join(SLOTWISE_TABLES)}, e.g. "
                                 "prefill.mode)")
-    if "prefill.n_batch" not in changed and "n_batch" in changed:
-        data.setdefault("prefill", {})["n_batch"] = server["n_batch"]
+    for key in ("n_batch", "n_ubatch"):  # slotwise is told the server's sizes
+        if f"prefill.{key}" not in changed and key in changed:
+            data.setdefault("prefill", {})[key] = server[key]
     return Settings(ServerSettings(**server), config_from(data), tuple(changed))
 
 
