@@ -679,6 +679,25 @@ class TestRule9CostLearning:
         p.on_piece_done("c", 512, 200.0, 1.2)
         assert p.on_tick(2.0) == [FeedPiece("c", 768 + 640)]
 
+    def test_a_piece_the_server_had_cached_does_not_start_the_ramp_again(self) -> None:
+        """bench day: a turn estimated cold whose prefix llama-server's RAM cache held computed one
+        token of its first 576-token piece; the ramp, from that one token, cut its catch-up pieces
+        to one token each: 271 pieces and 104 s to its first token."""
+        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
+                            max_cold_factor=2.5)
+        cost = BatchCostModel(BatchCost(fixed_ms=200.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
+                                        per_decoder_ms=0.0))
+        p = PrefillPolicy(cfg, cost=cost)
+        busy(p)
+        [_, first] = p.on_arrival("c", 5000, 5000, 0.0)
+        assert isinstance(first, FeedPiece)
+        p.on_piece_done("c", 1, 201.0, 6.0)  # held up (behind), and all but one token cached
+        [piece] = p.on_tick(p.next_wakeup() or 6.0)
+        choice = p.snapshot().choice
+        assert choice is not None and choice.strategy is Strategy.CATCH_UP
+        # the ramp from the 192 tokens sent (up to 384), not from the one computed (64 at most)
+        assert piece.upto_tokens - first.upto_tokens > TILE_ROWS
+
     def test_learns_from_a_warm_up_piece_too(self) -> None:
         p = policy(tps=1000.0)
         p.on_warm_piece_done(256, 1000, 100.0)
@@ -1511,11 +1530,12 @@ class TestRule19TrimShortTurns:
         for i in range(3):
             busy(p, f"s{i}", 9.0)
         [piece] = p.on_arrival("t", 559, 2479, 10.0)
-        assert piece == FeedPiece("t", 2479 - 577, trim=True)  # 512 + 65: a tile and one more
+        # 574 + 3 rows: 512, then 65 of its own (a tile, should one of the streams end first)
+        assert piece == FeedPiece("t", 2479 - 574, trim=True)
         [sent] = p.on_piece_done("t", 1, 20.0, 10.1)
         assert isinstance(sent, Forward)
         assert sent.reason.startswith("trimmed: the last 50 of its 559 new tokens would go row by")
-        assert "; 18 of its cached tokens computed again with them" in sent.reason
+        assert "; 15 of its cached tokens computed again with them" in sent.reason
         p.on_prefill_started("t", 10.2)
         p.on_first_token("t", 11.4)
         assert p.on_arrival("u", 576, 2496, 12.0) == [Admit("u", "not cold")]  # 579 rows: 512 + 67
@@ -1523,6 +1543,20 @@ class TestRule19TrimShortTurns:
         p.set_layout(8, shared_kv=False)
         [piece] = p.on_arrival("v", 559, 2479, 13.0)
         assert piece == FeedPiece("v", 2479 - 577, trim=True)  # 576 = 512 + 64 of its own
+
+    def test_decode_tokens_that_push_a_prompt_past_a_micro_batch_leave_it_a_short_one(
+            self) -> None:
+        """510 new tokens beside three streams on one shared KV: 512 rows, then one, which costs
+        what a decode token does: not worth a trim. Beside forty, 512 and then 38 rows."""
+        p = self.taught()
+        p.set_layout(None, shared_kv=True)
+        for i in range(3):
+            busy(p, f"s{i}", 9.0)
+        assert p.on_arrival("t", 510, 2510, 10.0) == [Admit("t", "not cold")]
+        for i in range(3, 40):
+            busy(p, f"s{i}", 10.1)
+        [piece] = p.on_arrival("u", 510, 2510, 10.2)
+        assert piece == FeedPiece("u", 2510 - 537, trim=True)  # 577 rows: 512 + 65
 
     def test_a_prompt_that_ended_in_a_short_micro_batch_teaches_the_batch_cost_nothing(
             self) -> None:
@@ -1545,8 +1579,9 @@ class TestRule19TrimShortTurns:
         assert last_rows(559, 3, True, 2048, 256) == 50  # 562 rows: 256, 256, 50
         assert last_rows(559, 3, False, 2048, 256) == 46  # one with the decode token, 558 own
         assert last_rows(54, 3, True, 2048, 512) == 57 and last_rows(54, 3, False, 2048, 512) == 53
-        [piece] = p.on_arrival("t", 559, 2479, 10.0)  # n_ubatch 256: 2 x 256 + 65
-        assert piece == FeedPiece("t", 2479 - 577, trim=True)
+        assert last_rows(1020, 3, True, 512, 512) == 5  # 509, 509, then 2 beside the 3
+        [piece] = p.on_arrival("t", 559, 2479, 10.0)  # n_ubatch 256: 574 + 3 = 2 x 256 + 65
+        assert piece == FeedPiece("t", 2479 - 574, trim=True)
         p.on_piece_done("t", 1, 20.0, 10.1)
         p.on_prefill_started("t", 10.2)
         p.on_first_token("t", 11.4)

@@ -256,6 +256,14 @@ class TestRule8CatchUp:
         choice = catch_up_piece(CPU, sit, self.BEHIND, "why")
         assert (choice.strategy, choice.piece_tokens) == (Strategy.CATCH_UP, 128)
 
+    def test_the_ramp_never_cuts_a_piece_under_a_tile(self) -> None:
+        """bench day: a turn estimated cold whose first piece found its tokens cached computed one;
+        from it the ramp allowed pieces of 2, which end one token on when they start off a
+        multiple of 64: 265 pieces of one token, 104 s to its first token."""
+        sit = dataclasses.replace(at(577, 1700, decoders=4), largest_piece=1)
+        choice = catch_up_piece(CPU, sit, self.BEHIND, "why")
+        assert choice.strategy is Strategy.CATCH_UP and choice.piece_tokens >= 64
+
     def test_whole_when_no_piece_stalls_the_streams_less(self) -> None:
         # every batch starts with 1.5 s: two pieces of a 1,184-token rest cost 3 s against 1.9 s.
         slow = BatchCost(fixed_ms=1500.0, per_token_ms=0.3, per_token_per_kctx_ms=0.0,

@@ -88,33 +88,32 @@ def fewest_rows(tokens: int, decoders: int, shared_kv: bool | None) -> int:
     return tokens + decoders
 
 
-def last_rows(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
-              n_ubatch: int) -> int:
-    """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest.
-    llama-server puts the decode tokens first in every batch, then prompt tokens up to `n_batch`;
-    llama.cpp cuts a batch into micro-batches of `n_ubatch` rows. A prompt that fits one
-    micro-batch shares it (`fewest_rows`); a longer one ends in the rest of its last batch: 559
-    new tokens beside three streams on one shared KV end in 50 rows, computed one at a time (bench
-    day: 1.8 s, where 576 took 1.0-1.2)."""
+def last_micro_batch(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
+                     n_ubatch: int) -> tuple[int, int]:
+    """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest, and
+    how many of them are its own. llama-server puts the decode tokens first in every batch, then
+    prompt tokens up to `n_batch`; llama.cpp cuts a batch into micro-batches of `n_ubatch` rows. A
+    prompt that fits one micro-batch shares it (`fewest_rows`); a longer one ends in the rest of its
+    last batch: 559 new tokens beside three streams on one shared KV end in 50 rows, computed one at
+    a time (bench day: 1.76-1.98 s, where 576 took 1.0-1.2)."""
     ub = max(1, min(n_batch, n_ubatch))
     room = max(1, n_batch - decoders)  # prompt tokens per batch
     last = tokens - (-(-tokens // room) - 1) * room  # the last batch's prompt tokens
-    rows = fewest_rows(last, decoders, shared_kv)
-    return rows if rows <= ub else rows % ub or ub  # decode tokens ride in the first one
+    if shared_kv is False:  # by sequence: one of them may go with the decode token below
+        own = fewest_rows(last, decoders, shared_kv)
+        rows = own if own <= ub else own % ub or ub
+        return rows, rows
+    rows = decoders + last
+    if rows <= ub:
+        return rows, last
+    rows = rows % ub or ub  # the decode tokens went in the first one
+    return rows, rows
 
 
-def own_last(tokens: int, n_batch: int, n_ubatch: int) -> int:
-    """The prompt's own tokens in its last micro-batch, counting none that go with decode tokens:
-    what a trim raises to a tile (and one more while anybody decodes: `turn_rows`)."""
-    return last_rows(tokens, 0, True, n_batch, n_ubatch)
-
-
-def turn_rows(decoders: int) -> int:
-    """The tokens a trimmed turn's last micro-batch computes of its own: a tile, and one more while
-    anybody decodes (on a KV per slot its first token may go with the decode token of the slot
-    below; on one shared KV the decode tokens fill its tile anyway, so the extra row costs about
-    nothing)."""
-    return TILE_ROWS + (1 if decoders else 0)
+def last_rows(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
+              n_ubatch: int) -> int:
+    """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest."""
+    return last_micro_batch(tokens, decoders, shared_kv, n_batch, n_ubatch)[0]
 
 
 @dataclass(frozen=True)
@@ -143,26 +142,37 @@ def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: in
          n_ubatch: int = 512) -> Trim | None:
     """Rule 19: where a prompt's trim piece ends, or None when it does not pay (the server shows
     no row-by-row price, its last micro-batch reaches a tile (with the decode tokens beside it when
-    it shares theirs), too little is cached). The trim computes again as many of its cached tokens
-    as raise its last micro-batch to `turn_rows`; what is compared is that micro-batch alone, row
-    by row, against the trim piece and the micro-batch as a tile (the full ones before it cost the
-    same either way)."""
+    it shares theirs), too little is cached, micro-batches are smaller than a tile anyway). The
+    trim computes again as many of its cached tokens as give its last micro-batch a tile of its own
+    tokens (and one more while anybody decodes: on a KV per slot its first token may go with the
+    decode token of the slot below; on one shared KV a decoder may finish before the batch);
+    what is compared is that micro-batch alone, row by row, against the trim piece and the
+    micro-batch as a tile (the full ones before it cost the same either way)."""
     r = price.per_row_kctx_ms()
     cached = prompt_tokens - new_tokens
-    if r is None or new_tokens <= 0:
+    if (r is None or new_tokens <= 0 or min(n_batch, n_ubatch) < TILE_ROWS
+            or cached < MIN_CACHED):
         return None
-    if last_rows(new_tokens, decoders, shared_kv, n_batch, n_ubatch) >= TILE_ROWS:
+    rows_last, tail = last_micro_batch(new_tokens, decoders, shared_kv, n_batch, n_ubatch)
+    if rows_last >= TILE_ROWS:
         return None
-    alone = own_last(new_tokens, n_batch, n_ubatch) >= new_tokens  # one micro-batch: a short turn
-    tail = new_tokens if alone else last_rows(new_tokens, decoders, shared_kv, n_batch, n_ubatch)
-    ctx = cached + new_tokens - tail  # what the tail's tokens attend to
-    want = turn_rows(decoders)
+    alone = (new_tokens <= n_batch - decoders  # one micro-batch: a short turn
+             and fewest_rows(new_tokens, decoders, shared_kv) <= min(n_batch, n_ubatch))
+    if alone:
+        tail = new_tokens
+    margin = 1 if decoders and shared_kv is not False else 0
+
+    def tiled(n: int) -> bool:
+        rows, own = last_micro_batch(n, decoders, shared_kv, n_batch, n_ubatch)
+        return rows >= TILE_ROWS and own - margin >= TILE_ROWS
+
     rows = new_tokens
-    while own_last(rows, n_batch, n_ubatch) < want and rows - new_tokens <= 2 * TILE_ROWS:
+    while not tiled(rows) and rows - new_tokens <= 2 * TILE_ROWS:
         rows += 1
     again = rows - new_tokens
-    if ctx < MIN_CACHED or own_last(rows, n_batch, n_ubatch) < want or again >= cached:
+    if not tiled(rows) or again >= cached:
         return None
+    ctx = cached + new_tokens - tail  # what the tail's tokens attend to
     upto = prompt_tokens - rows
     beside = decoders if alone else 0  # the decode tokens ride in a prompt's first micro-batch
     own = cost.batch_ms(tail, ctx, beside, cells) + r * kcells(tail, ctx)

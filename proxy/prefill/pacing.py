@@ -13,7 +13,7 @@ from proxy.config import PrefillConfig
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.events import Load
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.outlook import RAMP, ChunkKnobs, Situation, fitting_piece, piece_sizes
+from proxy.prefill.outlook import ChunkKnobs, Situation, fitting_piece, piece_sizes, ramp_cap
 from proxy.prefill.sizing import PIECE_ALIGN
 from proxy.prefill.strategy import Strategy, choose_piece
 
@@ -30,7 +30,7 @@ def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequ
     user's next turn, waits for one piece, not for the whole rest)."""
     if cost.prompt_ms(rest, held.done_upto, n_batch) <= IDLE_WHOLE * cfg.max_stall_ms:
         return None
-    cap = min(n_batch, RAMP * held.largest_piece if held.largest_piece else n_batch)
+    cap = ramp_cap(n_batch, held.largest_piece)
     budget = IDLE_STALL * cfg.max_stall_ms
     fits = [n for n in piece_sizes(cap) if cost.batch_ms(n, held.done_upto) <= budget]
     return max(fits, default=PIECE_ALIGN)

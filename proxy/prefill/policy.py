@@ -197,7 +197,7 @@ class PrefillPolicy:
         the slot's cells and the prompt computes its last 64 tokens in one tile, not its few row by row
         (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream 1.8 s); 65
         while anybody decodes (on a KV per slot one of them may go with the decode token of the slot
-        below, and 63 would go row by row: `narrow.turn_rows`). Decode tokens fill the turn's tile
+        below, and 63 would go row by row: `narrow.trim`). Decode tokens fill the turn's tile
         only on one shared KV (`set_layout`). The row-by-row price is learned from the requests that
         computed such a batch (`on_finished`): none on a GPU, and then nothing is trimmed. Nor is a
         turn whose estimate counts a held reply as cached (`guessed_tokens`) until follow-ups on this
@@ -312,8 +312,9 @@ class PrefillPolicy:
                     prompt_ms: float | None = None, cache_n: int = 0) -> list[Decision]:
         decoders, cells = self._use.decoders(besides=req_id), self._use.cells(besides=req_id)
         if prompt_n is not None and prompt_ms is not None and prompt_n >= LEARN_MIN_TOKENS:
-            if last_rows(prompt_n, decoders, self._shared_kv, self._n_batch,
-                         self._cfg.n_ubatch) >= TILE_ROWS:  # rule 19: a short last one is not tiled
+            ub = min(self._n_batch, self._cfg.n_ubatch)
+            if ub < TILE_ROWS or last_rows(prompt_n, decoders, self._shared_kv, self._n_batch,
+                                           ub) >= TILE_ROWS:  # rule 19: a short last one is not tiled
                 self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
                                            cells)
         elif (prompt_n and prompt_ms is not None  # rule 19

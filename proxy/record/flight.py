@@ -37,7 +37,7 @@ class PrefillPlan(enum.StrEnum):
     NONE = "none"  # forwarded as it came, at once
     HELD = "held"  # held in slotwise for a while
     CHUNKED = "chunked"  # its prompt was fed to the server in pieces first
-    TRIMMED = "trimmed"  # a short turn: a trim piece first, its last 64 tokens computed as one tile
+    TRIMMED = "trimmed"  # a trim piece first: its prompt's last micro-batch computed as one tile
 
 
 @dataclass

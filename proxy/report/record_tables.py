@@ -83,7 +83,7 @@ PLANS = (
     ("none", "forwarded at once"),
     ("held", "held, then forwarded (defer)"),
     ("chunked", "fed in pieces (chunk)"),
-    ("trimmed", "a short turn, trimmed to one tile"),
+    ("trimmed", "a trim piece first, its last micro-batch one tile"),
 )
 
 

@@ -184,7 +184,8 @@ def predict(inputs: Inputs) -> Prediction:
 
 def same_tasks(whatif: Settings, recorded: Settings) -> bool:
     """Whether slotwise sends the server the same tasks in the what-if (its settings other than
-    the batch size it is told are the recorded ones): no other pieces, restores or holds."""
+    the batch sizes it is told are the recorded ones): no other pieces, restores or holds (a
+    `-b` or `-ub` it is told may move where its pieces and trims end; left out here)."""
     prefill = dataclasses.replace(whatif.config.prefill, n_batch=recorded.config.prefill.n_batch,
                                   n_ubatch=recorded.config.prefill.n_ubatch)
     return dataclasses.replace(whatif.config, prefill=prefill) == recorded.config
