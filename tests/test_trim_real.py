@@ -1,7 +1,8 @@
 """The prefill policy's rule 19 on a real llama-server (the testbed's small model, on this CPU):
 follow-up turns of a few dozen new tokens after a long history go row by row through the CPU's
-flash attention; once slotwise has seen that, the next such turn is trimmed (64 of its cached
-tokens computed again with it, in one tile) and its reply comes sooner."""
+flash attention; once slotwise has seen that, the next such turn is trimmed (enough of its cached
+tokens computed again with it to make one tile of 64) and its reply comes sooner. So is a longer
+turn whose last micro-batch (llama-server's `-ub` 512) would hold a few dozen rows."""
 
 from __future__ import annotations
 
@@ -32,8 +33,23 @@ def test_a_short_follow_up_after_a_long_history_is_trimmed_and_computed_faster(
         answer = reply.json()["choices"][0]["message"]["content"]
         messages = [*messages, {"role": "assistant", "content": answer},
                     {"role": "user", "content": f"And then, part {turn}?"}]
+    # a longer turn: 512 + ~30 new tokens, whose last micro-batch would go row by row
+    words = 120
+    while True:
+        longer = [*messages[:-1], {"role": "user", "content": filler(random.Random(7), words,
+                                                                      WORDS[:8])}]
+        new = _tokens(server.url, longer) - _tokens(server.url, messages[:-1], end=True)
+        if 530 <= new <= 555:
+            break
+        words += 1 if new < 530 else -1
+    body = {"messages": longer, "max_tokens": 4, "stream": False, "temperature": 0}
+    assert call("POST", proxy.url + "/v1/chat/completions", body).status_code == 200
     proxy.stop()  # every record written
-    history, *follow_ups = read_records(proxy)
+    history, *follow_ups, last = read_records(proxy)
+    assert last["prefill_plan"] == "trimmed", last["policy_note"]
+    assert last["policy_note"].startswith("trimmed: the last "), last["policy_note"]
+    assert last["timings"]["prompt_n"] == 512 + 64, last["timings"]  # a tile after 512
+    assert last["timings"]["cache_n"] == last["prompt_tokens"] - 576
     assert history["timings"]["prompt_n"] > 2500
     short = [r for r in follow_ups if r["prefill_plan"] != "trimmed"]
     trimmed = [r for r in follow_ups if r["prefill_plan"] == "trimmed"]
@@ -50,3 +66,13 @@ def test_a_short_follow_up_after_a_long_history_is_trimmed_and_computed_faster(
     before = statistics.median(r["total_ms"] for r in short)
     after = max(r["total_ms"] for r in trimmed)
     assert after < 0.8 * before, (before, after)
+
+
+def _tokens(url: str, messages: list[dict[str, str]], *, end: bool = False) -> int:
+    """The prompt's tokens as llama-server renders it; `end`: up to the last message's end only
+    (what the slot holds of it before a next user turn: no generation prompt)."""
+    body: dict[str, Any] = {"messages": messages}
+    if end:
+        body["add_generation_prompt"] = False
+    prompt = call("POST", url + "/apply-template", body).json()["prompt"]
+    return len(call("POST", url + "/tokenize", {"content": prompt}).json()["tokens"])
