@@ -67,6 +67,20 @@ def busy(p: PrefillPolicy, req_id: str = "s", now: float = 0.0) -> None:
     p.on_first_token(req_id, now)
 
 
+def cold_beside_a_stream() -> tuple[PrefillPolicy, FeedPiece]:
+    """A 5,000-token cold request beside a stream, on a server whose every batch pays 200 ms
+    before its first token (`max_cold_factor` 2.5), and its first piece."""
+    cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
+                        max_cold_factor=2.5)
+    cost = BatchCostModel(BatchCost(fixed_ms=200.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
+                                    per_decoder_ms=0.0))
+    p = PrefillPolicy(cfg, cost=cost)
+    busy(p)
+    [_, first] = p.on_arrival("c", 5000, 5000, 0.0)
+    assert isinstance(first, FeedPiece)
+    return p, first
+
+
 def kinds(decisions: Sequence[object]) -> list[str]:
     return [type(d).__name__ for d in decisions]
 
@@ -579,14 +593,7 @@ class TestRule6ColdBudget:
         back within the bound at its own size, not at the fitting piece's. Back in fitting
         pieces it would fall behind again at once (bench day: 64-token pieces, catch-up, 64
         again, 17 pieces, 4.3× alone); it goes on in catch-up pieces to its end."""
-        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
-                            max_cold_factor=2.5)
-        cost = BatchCostModel(BatchCost(fixed_ms=200.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
-                                        per_decoder_ms=0.0))
-        p = PrefillPolicy(cfg, cost=cost)
-        busy(p)
-        [_, first] = p.on_arrival("c", 5000, 5000, 0.0)
-        assert isinstance(first, FeedPiece)
+        p, first = cold_beside_a_stream()
         p.on_piece_done("c", first.upto_tokens, 200.0 + first.upto_tokens, 6.0)  # held up: behind
         done, now, strategies = first.upto_tokens, 6.0, list[Strategy]()
         for _ in range(3):
@@ -683,14 +690,7 @@ class TestRule9CostLearning:
         """bench day: a turn estimated cold whose prefix llama-server's RAM cache held computed one
         token of its first 576-token piece; the ramp, from that one token, cut its catch-up pieces
         to one token each: 271 pieces and 104 s to its first token."""
-        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
-                            max_cold_factor=2.5)
-        cost = BatchCostModel(BatchCost(fixed_ms=200.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
-                                        per_decoder_ms=0.0))
-        p = PrefillPolicy(cfg, cost=cost)
-        busy(p)
-        [_, first] = p.on_arrival("c", 5000, 5000, 0.0)
-        assert isinstance(first, FeedPiece)
+        p, first = cold_beside_a_stream()
         p.on_piece_done("c", 1, 201.0, 6.0)  # held up (behind), and all but one token cached
         [piece] = p.on_tick(p.next_wakeup() or 6.0)
         choice = p.snapshot().choice
