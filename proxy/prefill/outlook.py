@@ -59,12 +59,12 @@ class Situation:
     decode_step_ms: float | None = None
     """Their decode step alone (None: not known, nothing counted inside a batch)."""
     largest_piece: int | None = None
-    """The largest piece already measured for this request (None: none yet)."""
+    """The largest piece already sent and done for this request (None: none yet)."""
     probe: bool = False
     """The fitted cost has seen batches of one size only (`BatchCostModel.needs_probe`)."""
 
     def piece_cap(self, n_batch: int) -> int:
-        """Rule 1's ramp: RAMP × the largest piece measured (`n_batch` before the first: the first
+        """Rule 1's ramp: RAMP × the largest piece sent (`n_batch` before the first: the first
         is sized by the model as it stands, which is the conservative prior on a new server), and
         never under PIECE_ALIGN: pieces end on its multiples, and under it one that starts off them
         would end one token on (bench day: 265 one-token pieces of a turn whose first piece
@@ -73,7 +73,7 @@ class Situation:
 
 
 def ramp_cap(n_batch: int, largest_piece: int | None) -> int:
-    """`Situation.piece_cap` for a request whose largest piece measured is `largest_piece`."""
+    """`Situation.piece_cap` for a request whose largest piece sent is `largest_piece`."""
     if not largest_piece:
         return n_batch
     return min(n_batch, max(PIECE_ALIGN, RAMP * largest_piece))

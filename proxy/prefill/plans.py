@@ -117,7 +117,7 @@ class ColdPlans:
         held.waiting_since = now
         # the ramp (rule 1) from the piece as sent: one whose tokens the server had cached computed
         # few, and from those the ramp would start again at a few (bench day: a 2,290-token turn
-        # whose prefix llama-server's RAM cache held went in 271 pieces of 2-512 tokens, 104 s)
+        # whose prefix llama-server's RAM cache held went in 271 pieces, 265 of one token, 104 s)
         held.largest_piece = max(held.largest_piece or 0, tokens, sent)
         share = server.cfg.prefill_share if held.background else pieces_share(
             server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
