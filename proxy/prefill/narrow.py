@@ -31,6 +31,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from proxy.prefill.batch_cost import BatchCost
 from proxy.prefill.sizing import TILE_ROWS
@@ -88,32 +89,41 @@ def fewest_rows(tokens: int, decoders: int, shared_kv: bool | None) -> int:
     return tokens + decoders
 
 
+class MicroBatch(NamedTuple):
+    rows: int
+    """All its rows, at fewest: the decode tokens' too when it shares theirs."""
+    own: int
+    """The prompt's own tokens among them."""
+    whole: bool
+    """The prompt's tokens all go in it (a short turn's)."""
+
+
 def last_micro_batch(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
-                     n_ubatch: int) -> tuple[int, int]:
-    """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest, and
-    how many of them are its own. llama-server puts the decode tokens first in every batch, then
-    prompt tokens up to `n_batch`; llama.cpp cuts a batch into micro-batches of `n_ubatch` rows. A
-    prompt that fits one micro-batch shares it (`fewest_rows`); a longer one ends in the rest of its
-    last batch: 559 new tokens beside three streams on one shared KV end in 50 rows, computed one at
-    a time (bench day: 1.76-1.98 s, where 576 took 1.0-1.2)."""
+                     n_ubatch: int) -> MicroBatch:
+    """The last micro-batch a prompt of `tokens` new tokens computes in. llama-server puts the
+    decode tokens first in every batch, then prompt tokens up to `n_batch`; llama.cpp cuts a batch
+    into micro-batches of `n_ubatch` rows. A prompt that fits one micro-batch shares it
+    (`fewest_rows`); a longer one ends in the rest of its last batch: 559 new tokens beside three
+    streams on one shared KV end in 50 rows, computed one at a time (bench day: 1.76-1.98 s, where
+    576 took 1.0-1.2)."""
     ub = max(1, min(n_batch, n_ubatch))
     room = max(1, n_batch - decoders)  # prompt tokens per batch
     last = tokens - (-(-tokens // room) - 1) * room  # the last batch's prompt tokens
+    rows = fewest_rows(last, decoders, shared_kv)
+    whole = last == tokens and rows <= ub
     if shared_kv is False:  # by sequence: one of them may go with the decode token below
-        own = fewest_rows(last, decoders, shared_kv)
-        rows = own if own <= ub else own % ub or ub
-        return rows, rows
-    rows = decoders + last
+        rows = rows if rows <= ub else rows % ub or ub
+        return MicroBatch(rows, rows, whole)
     if rows <= ub:
-        return rows, last
+        return MicroBatch(rows, last, whole)
     rows = rows % ub or ub  # the decode tokens went in the first one
-    return rows, rows
+    return MicroBatch(rows, rows, whole)
 
 
 def last_rows(tokens: int, decoders: int, shared_kv: bool | None, n_batch: int,
               n_ubatch: int) -> int:
     """The rows of the last micro-batch a prompt of `tokens` new tokens computes in, at fewest."""
-    return last_micro_batch(tokens, decoders, shared_kv, n_batch, n_ubatch)[0]
+    return last_micro_batch(tokens, decoders, shared_kv, n_batch, n_ubatch).rows
 
 
 @dataclass(frozen=True)
@@ -153,18 +163,16 @@ def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: in
     if (r is None or new_tokens <= 0 or min(n_batch, n_ubatch) < TILE_ROWS
             or cached < MIN_CACHED):
         return None
-    rows_last, tail = last_micro_batch(new_tokens, decoders, shared_kv, n_batch, n_ubatch)
-    if rows_last >= TILE_ROWS:
+    last = last_micro_batch(new_tokens, decoders, shared_kv, n_batch, n_ubatch)
+    if last.rows >= TILE_ROWS:
         return None
-    alone = (new_tokens <= n_batch - decoders  # one micro-batch: a short turn
-             and fewest_rows(new_tokens, decoders, shared_kv) <= min(n_batch, n_ubatch))
-    if alone:
-        tail = new_tokens
+    alone = last.whole  # one micro-batch: a short turn
+    tail = new_tokens if alone else last.own
     margin = 1 if decoders and shared_kv is not False else 0
 
     def tiled(n: int) -> bool:
-        rows, own = last_micro_batch(n, decoders, shared_kv, n_batch, n_ubatch)
-        return rows >= TILE_ROWS and own - margin >= TILE_ROWS
+        batch = last_micro_batch(n, decoders, shared_kv, n_batch, n_ubatch)
+        return batch.rows >= TILE_ROWS and batch.own - margin >= TILE_ROWS
 
     rows = new_tokens
     while not tiled(rows) and rows - new_tokens <= 2 * TILE_ROWS:
