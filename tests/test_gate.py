@@ -172,8 +172,8 @@ class FakeWarmer:
         self.loads: list[Load] = []
         self.done: list[tuple[int, int, float]] = []
 
-    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
-        return None
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> int:
+        return 0
 
     def tick(self, load: Load, sizer: Sizer) -> float | None:
         self.loads.append(load)

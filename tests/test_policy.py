@@ -1261,6 +1261,24 @@ class TestRule15WarmUps:
         p.on_prefill_started("q", 10.6)
         assert not p.warm_load(11.0).starting  # a piece may join its batch: <= max_stall_ms
 
+    def test_a_request_that_ends_a_warm_up_ramps_up_from_the_warm_up_s_largest_piece(
+            self) -> None:
+        """bench day: `ann-5`'s rest after her warm-up's pieces of 512-640 tokens, at the same
+        prefix beside the same streams, went in pieces of 64, 128 and 256 tokens (the ramp from
+        her own first), 3.2 s to her first token."""
+        def second_piece(ramp_from: int) -> int:
+            p = policy(tps=1000.0)
+            busy(p)
+            [_, first] = p.on_arrival("c", 5000, 5000, 0.0, ramp_from=ramp_from)
+            assert first == FeedPiece("c", 256)  # the prior: 256 tokens within 256.5 ms
+            p.on_piece_done("c", 256, 100.0, 0.1)  # 2,560 tokens a second: 640 fit
+            [piece] = p.on_tick(1.0)
+            assert isinstance(piece, FeedPiece)
+            return piece.upto_tokens - 256
+
+        assert second_piece(0) == 512  # its own ramp: 2 × 256
+        assert second_piece(1024) == 640  # the largest within max_stall_ms
+
     def test_a_warm_piece_in_flight_is_the_one_piece_and_takes_a_slot(self) -> None:
         """A cold request that arrives during a warm-up's piece is not on an idle server: it waits
         for that piece, then goes at full speed (nobody generates)."""

@@ -272,6 +272,7 @@ class TestRule7ARealRequestOfTheSameConversation:
         w = q.warmups["w"]
         credit = q.credit(turn)
         assert credit.tokens == w.done_upto - 200 == w.computed and credit.warm_ids == ("w",)
+        assert credit.largest_piece == w.largest_piece == 512  # where the turn's pieces may start
         assert q.credit(turn).tokens == 0  # each warm-up is credited once
 
     def test_a_finished_warm_up_is_credited_to_the_turn_that_comes_later(self) -> None:

@@ -32,6 +32,9 @@ class Arrived:
     guessed_tokens: int = 0
     """Of its cached tokens, those of a held reply this server has not shown to find whole
     (`Estimate.guessed_tokens`): a trim (rule 19) is only as good as the estimate."""
+    ramp_from: int = 0
+    """The largest piece a warm-up of its conversation computed of its prompt (0: none): its own
+    pieces ramp up from there as from one of their own (rule 15)."""
 
 
 @dataclass(frozen=True)

@@ -111,8 +111,9 @@ class PrefillGate:
         `flight.prefill` as it happens, so a client that leaves meanwhile still has it."""
         if flight.kind not in GENERATING:
             return
-        if self._warm is not None:  # warm (proxy/warm): its work is then in the cache model
-            await self._warm.claim(flight, body)
+        ramp_from = 0  # warm (proxy/warm): its work is then in the cache model
+        if self._warm is not None:
+            ramp_from = await self._warm.claim(flight, body)
         cfg = self._cfg
         key = f"{flight.id}#{next(self._seq)}"
         if cfg.mode == "off" and self._keep is None:  # no estimate: zero added latency
@@ -140,7 +141,8 @@ class PrefillGate:
             self._apply(self._policy.on_arrival(
                 key, est.new_tokens if ids else 0, est.prompt_tokens if ids else 0, start,
                 restorable, first_upto=self._estimator.first_piece_floor(ids),
-                background=cfg.is_background(flight.purpose), guessed_tokens=est.guessed_tokens))
+                background=cfg.is_background(flight.purpose), guessed_tokens=est.guessed_tokens,
+                ramp_from=ramp_from))
             release = await self._wait(request, flight, start)
         finally:
             self._deciding.pop(key, None)

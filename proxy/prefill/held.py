@@ -24,7 +24,8 @@ class HeldRequest:
     """The prefix a piece in flight computes; None between pieces."""
     pieces_done: int = 0
     largest_piece: int | None = None
-    """The most tokens one of its pieces computed (the strategy's ramp)."""
+    """The most tokens one of its pieces computed (the strategy's ramp), or a warm-up's of its
+    conversation (`Arrived.ramp_from`)."""
     choice: PieceChoice | None = None
     """`chunk`: how the batch cost said it should go on, last time it was asked."""
     behind: bool = False
@@ -89,7 +90,7 @@ class HeldRequest:
     def for_request(cls, req: Arrived, max_hold_s: float, background: bool) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
         return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, background=background,
-                   waiting_since=req.now)
+                   waiting_since=req.now, largest_piece=req.ramp_from or None)
 
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and

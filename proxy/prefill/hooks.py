@@ -71,8 +71,9 @@ class KeepHook(Protocol[SaveT]):
 class WarmHook(Protocol):
     """The warm-ups, driven by the gate's one loop (the policy's rule 15)."""
 
-    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
-        """A real request arrived: its conversation's warm-up ends, its work is credited."""
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> int:
+        """A real request arrived: its conversation's warm-up ends, its work is credited. Returns
+        the largest piece those warm-ups computed (0: none; `Arrived.ramp_from`)."""
         ...
 
     def tick(self, load: Load, sizer: Sizer) -> float | None:

@@ -169,7 +169,11 @@ class PrefillPolicy:
         join a real prompt's batch, adding at most `max_stall_ms`), `warm_sizer` sizes
         their pieces from the same batch cost, and their pieces in flight (`on_warm_pieces`) count
         like a cold request's: a slot, and the one piece in flight (a cold request that arrives
-        meanwhile is not on an idle server: it waits for that piece); each teaches the cost.
+        meanwhile is not on an idle server: it waits for that piece); each teaches the cost. A
+        request that ends a warm-up of its conversation (`ramp_from`) ramps its own pieces up from
+        the warm-up's largest, a size measured at its prefix beside the same streams (bench day:
+        `ann-5`'s rest after her warm-up's pieces of 512-640 tokens went in pieces of 64, 128
+        and 256, 3.2 s to her first token).
     16. Saves (keep_kv) are tasks on the server's main loop like a piece: one goes (Save, from
         `on_save_due`) only when the server is quiet (`save_ok`: nothing sent, held, fed, restored
         or warmed), and until `on_save_done` it counts as a slot user and the piece in flight: a
@@ -241,12 +245,13 @@ class PrefillPolicy:
     def on_arrival(self, req_id: str, est_new_tokens: int, est_prompt_tokens: int,
                    now: float, restorable: Restorable | None = None, *,
                    first_upto: int = 0, background: bool = False,
-                   guessed_tokens: int = 0) -> list[Decision]:
+                   guessed_tokens: int = 0, ramp_from: int = 0) -> list[Decision]:
         """`first_upto`: where a first piece ends at least (rule 17); `background`: its purpose is
         one of `background_purposes` (rule 1); `guessed_tokens`: of its cached tokens, a held
-        reply's not known to be found (rule 19)."""
+        reply's not known to be found (rule 19); `ramp_from`: a warm-up's largest piece of its
+        prompt (rule 15)."""
         arrived = Arrived(req_id, est_new_tokens, est_prompt_tokens, now, first_upto, background,
-                          guessed_tokens)
+                          guessed_tokens, ramp_from)
         wait = (wait_s(self._cost.cost, arrived, restorable, self._n_batch)
                 if restorable is not None and restorable.tokens > 0 else 0.0)
         if restorable is not None and wait > 0:
@@ -262,7 +267,7 @@ class PrefillPolicy:
             return []
         req = waiting.req
         decided = self._arrive(Arrived(req_id, est_new_tokens, req.est_prompt_tokens, req.now,
-                                       background=req.background), now)
+                                       background=req.background, ramp_from=req.ramp_from), now)
         if any(isinstance(d, Admit) and d.req_id == req_id for d in decided):
             self._line.land(req_id, now)
         return [*decided, *self._advance(now)]

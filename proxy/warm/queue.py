@@ -63,7 +63,8 @@ class WarmQueue:
         Sizer's.
      7. A real request of the same conversation ends a pending or running warm-up (superseded) once
         its piece in flight is done, so that the request finds all of it in the slot; it is credited
-        with the tokens warm-ups computed of its prompt, each warm-up once.
+        with the tokens warm-ups computed of its prompt, each warm-up once, and with their largest
+        piece (its own pieces, if it has any, need not ramp up from a small one again).
      8. A warm-up not ended `expire_s` after it was asked for expires (after its piece in flight);
         an ended one is kept for crediting and `GET` until `expire_s` after its end (KEEP_ENDED).
      9. Cancel ends it at once (its piece in flight is cancelled); a failed piece ends it (failed).
@@ -213,7 +214,7 @@ class WarmQueue:
     def credit(self, ids: Sequence[int]) -> Credit:
         """Rule 7, second half: the tokens of `ids` that ended warm-ups of its conversation
         computed; each warm-up is credited once."""
-        tokens, credited = 0, []
+        tokens, credited, largest = 0, [], 0
         for warm in self.warmups.values():
             if warm.outcome is None or warm.credited or warm.computed == 0:
                 continue
@@ -222,7 +223,8 @@ class WarmQueue:
                 warm.credited = True
                 credited.append(warm.id)
                 tokens += min(warm.computed, max(0, min(common, warm.done_upto) - warm.cached))
-        return Credit(tokens, tuple(credited))
+                largest = max(largest, warm.largest_piece or 0)
+        return Credit(tokens, tuple(credited), largest)
 
     # ---- queries -----------------------------------------------------------------------------------
 

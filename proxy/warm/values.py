@@ -133,3 +133,7 @@ class Credit:
     tokens: int = 0
     """Prompt tokens of the request that warm-ups computed."""
     warm_ids: tuple[str, ...] = ()
+    largest_piece: int = 0
+    """The largest piece those warm-ups computed (0: none): a size measured at this prompt's
+    prefix, on this server, beside the same streams, so the request's own pieces need not ramp up
+    from a small one again (the policy's `Arrived.ramp_from`)."""

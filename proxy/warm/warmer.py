@@ -134,20 +134,22 @@ class Warmer:
 
     # ---- the prefill gate's hook -------------------------------------------------------------------
 
-    async def claim(self, flight: Flight, body: dict[str, Any]) -> None:
+    async def claim(self, flight: Flight, body: dict[str, Any]) -> int:
         """A real request: a warm-up of its conversation ends here, after its piece in flight (so
         the request finds all of it in the slot, and the estimate that follows sees it cached);
-        the request's `warmed_tokens` say what warm-ups computed of its prompt."""
+        the request's `warmed_tokens` say what warm-ups computed of its prompt. Returns their
+        largest piece (0: none), where the request's own pieces may start (`Credit`)."""
         if not self.queue.claimable():
-            return  # nothing to end or credit: not even a tokenizer call
+            return 0  # nothing to end or credit: not even a tokenizer call
         try:
-            await self._claim(flight, body)
+            return await self._claim(flight, body)
         except EstimateError:
-            return
+            return 0
         except Exception:  # fail open: a bug here must not fail the request
             log.exception("ending the warm-ups of %s's conversation failed", flight.id)
+            return 0
 
-    async def _claim(self, flight: Flight, body: dict[str, Any]) -> None:
+    async def _claim(self, flight: Flight, body: dict[str, Any]) -> int:
         ids = await self._estimator.prompt_ids(self._state.config.prefill, str(flight.kind), body)
         decisions, wait = self.queue.claim(ids, self._clock())
         self._apply(decisions)
@@ -158,6 +160,7 @@ class Warmer:
         flight.warmed_tokens, flight.warm_ids = credit.tokens, list(credit.warm_ids)
         self.warmed_tokens += credit.tokens
         self._wake.set()
+        return credit.largest_piece
 
     # ---- the loop ----------------------------------------------------------------------------------
 

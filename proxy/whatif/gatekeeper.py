@@ -70,13 +70,15 @@ class PolicySeam:
 
     def arrived(self, key: str, est_new: int, est_prompt: int, now: float,
                 restorable: Restorable | None = None, purpose: str | None = None,
-                guessed: int = 0) -> list[Action]:
-        """`guessed`: of its cached tokens, a held reply's not known to be found (rule 19)."""
+                guessed: int = 0, ramp_from: int = 0) -> list[Action]:
+        """`guessed`: of its cached tokens, a held reply's not known to be found (rule 19);
+        `ramp_from`: its warm-ups' largest piece (rule 15)."""
         if self._policy is None:
             return [Send(key, "prefill.mode off")]
         return self._actions(self._policy.on_arrival(
             key, est_new, est_prompt, now, restorable,
-            background=self._config.is_background(purpose), guessed_tokens=guessed))
+            background=self._config.is_background(purpose), guessed_tokens=guessed,
+            ramp_from=ramp_from))
 
     def restored(self, key: str, est_new: int, now: float) -> list[Action]:
         return [] if self._policy is None else self._actions(

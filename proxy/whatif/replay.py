@@ -152,12 +152,13 @@ class Replay:
             leaves = job.cut_at if job.cut_at is not None else now + job.patience_s
             self.clock.at(max(now, leaves), lambda t: self._gone(live, t))
         if self.warming.enabled and self.warm_plan.jobs:  # as the gate: before the estimate
-            self.warming.claim(job, flight, now, lambda t: self._estimate(live, t))
+            self.warming.claim(job, flight, now, lambda t, ramp: self._estimate(live, t, ramp))
         else:
             self._estimate(live, now)
 
-    def _estimate(self, live: _Live, now: float) -> None:
-        """The request's estimate, then the policy's say."""
+    def _estimate(self, live: _Live, now: float, ramp_from: int = 0) -> None:
+        """The request's estimate, then the policy's say (`ramp_from`: its warm-ups' largest
+        piece)."""
         if live.ended:
             return
         job, flight = live.job, live.flight
@@ -172,7 +173,7 @@ class Replay:
         facts.est_prompt_tokens, facts.est_new_tokens = job.prompt_tokens, est_new
         self._apply(self.policy.arrived(live.key, est_new, job.prompt_tokens, now,
                                         self.keeping.restorable(job, cached), flight.purpose,
-                                        self.replies.guessed(job.reply[0])), now)
+                                        self.replies.guessed(job.reply[0]), ramp_from), now)
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:

@@ -42,6 +42,8 @@ from proxy.whatif.warmjobs import WarmJob
 Apply = Callable[[list[Action], float], None]
 At = Callable[[float, Callable[[float], None]], None]
 Resume = Callable[[float], None]
+Credited = Callable[[float, int], None]
+"""Goes on with a real request at a time, given its warm-ups' largest piece (`Credit`)."""
 
 
 @dataclass(eq=False)
@@ -103,11 +105,11 @@ class Warming:
         self._warms[job.id] = _Warm(job, flight, lora)
         self._decided(decisions, now)
 
-    def claim(self, job: Job, flight: Flight, now: float, resume: Resume) -> None:
+    def claim(self, job: Job, flight: Flight, now: float, resume: Credited) -> None:
         """A real request arrived: the warm-ups of its conversation end (after their piece in
         flight) and it is credited with their work; then `resume` goes on with it (the estimate)."""
         if not self.queue.claimable():
-            resume(now)
+            resume(now, 0)
             return
         ids = token_ids(job.prompt)
         decisions, wait = self.queue.claim(ids, now)
@@ -118,7 +120,7 @@ class Warming:
         def credited(t: float) -> None:
             credit = self.queue.credit(ids)
             flight.warmed_tokens, flight.warm_ids = credit.tokens, list(credit.warm_ids)
-            resume(t)
+            resume(t, credit.largest_piece)
 
         if not pieces:
             credited(now)
