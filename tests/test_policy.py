@@ -1492,6 +1492,29 @@ class TestRule19TrimShortTurns:
         assert p.on_first_token("t", 10.6) == [
             Admit("x", "held for a restored or trimmed turn's first token; not cold")]
 
+    def test_beside_streams_the_trim_piece_costs_the_turn_their_whole_step(self) -> None:
+        """The trim piece's one row rides in the streams' decode step, and the turn goes only
+        after all of it (bench day, three streams on one shared KV: trim pieces took 200-250 ms
+        where their row was priced at ~20; `cho-5`'s 54 new tokens, ~500 ms sent as they came,
+        took 850-970 ms to her first token trimmed)."""
+        cost = BatchCostModel(BatchCost(fixed_ms=0.001, per_token_ms=1.0,
+                                        per_token_per_kctx_ms=0.0, per_decoder_ms=0.0,
+                                        per_kcells_ms=25.0))
+        p = PrefillPolicy(PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5),
+                          cost=cost)
+        for n in range(3):  # 300 ms where a tile's price is 54: ~1.5 ms a row per 1k ctx
+            self.served(p, n, 300.0, now=n * 2.0)
+        [piece] = p.on_arrival("t", 54, 3154, 10.0)  # alone: ~300 ms row by row against ~70
+        assert isinstance(piece, FeedPiece) and piece.trim
+        p.on_piece_done("t", 1, 20.0, 10.1)
+        p.on_finished("t", 10.5)
+        for i in range(3):  # three streams holding 9,000 cells: a step of 225 ms
+            p.on_arrival(f"s{i}", 900, 3000, 11.0)
+            p.on_prefill_started(f"s{i}", 11.0)
+            p.on_first_token(f"s{i}", 11.5)
+        # ~530 ms row by row, against the trim piece's step (~230) and the tile's (~290)
+        assert p.on_arrival("u", 54, 3154, 12.0) == [Admit("u", "not cold")]
+
     def test_a_server_without_the_price_never_trims(self) -> None:
         """A GPU: short batches cost what the tiled price says."""
         p = policy(tps=1000.0)

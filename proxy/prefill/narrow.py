@@ -42,9 +42,11 @@ MIN_KCELLS = 20.0
 MIN_SAMPLES = 3
 KEEP = 16
 """The latest samples the price is the median of."""
-TRIM_GAIN = 1.5
+TRIM_GAIN = 1.25
 """A turn is trimmed only if its own batch is predicted at least this many times the trimmed
-way's (the trim piece's row and the 64-token tile): a guess must pay for itself clearly."""
+way's (the step its trim piece rides in, then the 64-token tile): a guess must pay for itself
+clearly. It was 1.5 while the trim piece was priced as its one row, not as the step the turn waits
+for; the streams gain besides (two short steps, not one long one)."""
 MIN_CACHED = 1000
 """Under this many cached tokens a short turn is cheap either way."""
 
@@ -156,8 +158,9 @@ def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: in
     trim computes again as many of its cached tokens as give its last micro-batch a tile of its own
     tokens (and one more while anybody decodes: on a KV per slot its first token may go with the
     decode token of the slot below; on one shared KV a decoder may finish before the batch);
-    what is compared is that micro-batch alone, row by row, against the trim piece and the
-    micro-batch as a tile (the full ones before it cost the same either way)."""
+    what is compared, as the turn waits for them, is that micro-batch alone, row by row, against
+    the step the trim piece rides in and the micro-batch as a tile (the full ones before it cost
+    the same either way)."""
     r = price.per_row_kctx_ms()
     cached = prompt_tokens - new_tokens
     if (r is None or new_tokens <= 0 or min(n_batch, n_ubatch) < TILE_ROWS
@@ -185,9 +188,13 @@ def trim(cost: BatchCost, price: NarrowPrice, new_tokens: int, prompt_tokens: in
     beside = decoders if alone else 0  # the decode tokens ride in a prompt's first micro-batch
     own = cost.batch_ms(tail, ctx, beside, cells) + r * kcells(tail, ctx)
     # the trim piece's one token is one more row of the decode step beside it (or a step of its
-    # own): the batch cost, fitted on pieces of 64 tokens and more, would price its context and
-    # cells as a tile's
-    piece = cost.fixed_ms + r * kcells(1, upto - 1)
+    # own), and the turn goes only after all of that step: its fixed part, the decoders' tokens
+    # and the other slots' cells (bench day, three streams on one shared KV: trim pieces took
+    # 200-250 ms where a row alone was priced at ~20, and `cho-5`'s 54 new tokens, predicted at
+    # ~500 ms sent as they came, took 850-970 ms to her first token trimmed). Its one row is
+    # priced by the row-by-row price: the batch cost, fitted on pieces of 64 tokens and more,
+    # would price its context and cells as a tile's.
+    piece = cost.batch_ms(0, 0, decoders, cells) + r * kcells(1, upto - 1)
     trimmed = piece + cost.batch_ms(tail + again, ctx - again, beside, cells)
     if own < TRIM_GAIN * trimmed:
         return None

@@ -196,10 +196,11 @@ class PrefillPolicy:
         token. Pieces end on multiples of 64 and prompts do not, so without this every plan's
         rest was such a batch.
     19. A short turn of under TILE_ROWS new tokens after a long cached history, about to go
-        (`trim_short_turns`, any mode but off), is trimmed when that pays (narrow.py), and so is a
-        longer prompt about to go whole whose last micro-batch (`n_ubatch`) would hold under
-        TILE_ROWS rows (bench day: a 559-token post-summary rest beside three streams on one shared
-        KV ended in 50 rows, 1.8 s where 576 tokens took 1.0-1.2): a piece of its prompt goes
+        (`trim_short_turns`, any mode but off), is trimmed when that pays the turn, counting the
+        whole decode step its trim piece rides in (narrow.py), and so is a longer prompt about
+        to go whole whose last micro-batch (`n_ubatch`) would hold under TILE_ROWS rows (bench
+        day: a 559-token post-summary rest beside three streams on one shared KV ended in 50
+        rows, 1.8 s where 576 tokens took 1.0-1.2): a piece of its prompt goes
         first (a short turn's first `len - TILE_ROWS` ids), so that llama-server keeps only those of
         the slot's cells and the prompt computes its last 64 tokens in one tile, not its few row by row
         (bench day: `dan-0`'s 58 tokens after a 6,016-token restore froze every stream 1.8 s); 65
