@@ -609,27 +609,6 @@ class TestRule6ColdBudget:
             done = piece.upto_tokens
         assert strategies == [Strategy.CATCH_UP] * 3
 
-    def test_pieces_that_cannot_meet_it_even_back_to_back_catch_up_from_the_first(
-            self) -> None:
-        """Beside streams on one shared KV every piece pays their cells (here 225 ms): pieces that
-        keep the streams' promise would take the cold request ~3× its time alone with no pause
-        at all (bench day: `ann-5`'s rest went one 64-token piece predicted at 4.3× her time
-        alone, fell behind, then caught up). It goes in catch-up pieces from the first."""
-        cost = BatchCostModel(BatchCost(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
-                                        per_decoder_ms=0.0, per_kcells_ms=25.0))
-        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5, prefill_share=0.5,
-                            max_cold_factor=2.0)
-        p = PrefillPolicy(cfg, cost=cost)
-        p.on_arrival("s", 50, 9000, 0.0)  # a stream beside it: 9,000 cells
-        p.on_first_token("s", 0.0)
-        [_, first] = p.on_arrival("c", 2500, 2500, 0.0)
-        choice = p.snapshot().choice
-        assert choice is not None and choice.strategy is Strategy.CATCH_UP
-        assert "even back to back" in choice.reason
-        assert first == FeedPiece("c", 512)  # not 128-token pieces (~363 ms each, 2.8× alone)
-        assert p.on_piece_done("c", 512, 747.0, 0.75) == []  # a pause for the streams still
-        assert p.next_wakeup() == pytest.approx(0.75 + 0.747 * (1 - BEHIND_SHARE) / BEHIND_SHARE)
-
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
         busy(p)

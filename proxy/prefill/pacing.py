@@ -41,36 +41,18 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
     """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request would
     otherwise take longer than `max_cold_factor` × its time alone (as the batch cost predicts it):
     the pauses shrink to what keeps it within that, down to none."""
-    if cfg.max_cold_factor <= 0:
+    factor = cfg.max_cold_factor
+    if factor <= 0:
         return cfg.prefill_share
+    req = held.req
+    alone_ms = held.alone_ms(cost, n_batch)
+    rest = req.est_prompt_tokens - held.done_upto
     piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
-    rest_ms, left_ms = _bound(cost, cfg, n_batch, held, piece, decoders, now, cells)
+    rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders, cells)
+    left_ms = factor * alone_ms - (now - req.now) * 1000.0
     if left_ms <= rest_ms:
         return 1.0
     return min(1.0, max(cfg.prefill_share, rest_ms / left_ms))
-
-
-def past_bound(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest, piece: int,
-               decoders: int, now: float, cells: int = 0) -> bool:
-    """Rule 6: pieces of `piece` tokens, even back to back, would take the cold request past
-    `max_cold_factor` × its time alone (never with the bound off): no pause can save it, only
-    larger pieces."""
-    if cfg.max_cold_factor <= 0:
-        return False
-    rest_ms, left_ms = _bound(cost, cfg, n_batch, held, max(PIECE_ALIGN, piece), decoders, now,
-                              cells)
-    return left_ms <= rest_ms
-
-
-def _bound(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest, piece: int,
-           decoders: int, now: float, cells: int) -> tuple[float, float]:
-    """The rest's time in pieces of `piece` tokens back to back, and what `max_cold_factor`
-    leaves it (its time alone × the factor, less what it has taken since it arrived)."""
-    req = held.req
-    rest = req.est_prompt_tokens - held.done_upto
-    rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders, cells)
-    left_ms = cfg.max_cold_factor * held.alone_ms(cost, n_batch) - (now - req.now) * 1000.0
-    return rest_ms, left_ms
 
 
 @dataclass(frozen=True)

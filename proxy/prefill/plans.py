@@ -13,7 +13,7 @@ from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Admit, FeedPiece, Forward
 from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
-from proxy.prefill.pacing import idle_piece, past_bound, pieces_share
+from proxy.prefill.pacing import idle_piece, pieces_share
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import pause_s
 from proxy.prefill.slot_line import Place, place
@@ -181,10 +181,7 @@ class ColdPlans:
         return order
 
     def choice(self, server: Server, held: HeldRequest) -> PieceChoice:
-        """How a plan goes on now (rule 6), from the fitted cost; a plan whose chosen pieces could
-        not meet `max_cold_factor` even back to back is behind from here (`past_bound`), in
-        catch-up pieces if those are larger (catch-up pieces are sized by the rest's time whole,
-        not by the bound, and may be smaller than larger pieces already are)."""
+        """How a plan would go on now (rule 6), from the fitted cost."""
         cfg = server.cfg
         knobs = ChunkKnobs(max_stall_ms=cfg.max_stall_ms, n_batch=server.n_batch,
                            prefill_share=cfg.prefill_share, max_hold_ms=cfg.max_hold_s * 1000.0)
@@ -198,18 +195,7 @@ class ColdPlans:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "
                                      "alone)")
             return catch_up_piece(server.cost.cost, situation, knobs, why)
-        choice = choose_piece(server.cost.cost, situation, knobs)
-        if (choice.strategy in (Strategy.PIECES, Strategy.LARGER_PIECES)
-                and past_bound(server.cost.cost, cfg, server.n_batch, held, choice.piece_tokens,
-                               server.use.decoders(), server.now, server.use.cells())):
-            catch = catch_up_piece(
-                server.cost.cost, situation, knobs,
-                f"{choice.piece_tokens}-token pieces would take it past max_cold_factor "
-                f"({cfg.max_cold_factor:g}× its time alone) even back to back")
-            if catch.strategy is Strategy.WHOLE or catch.piece_tokens > choice.piece_tokens:
-                held.behind = True  # rule 6: behind from here, whatever the pauses
-                return catch
-        return choice
+        return choose_piece(server.cost.cost, situation, knobs)
 
     def _defer_step(self, server: Server, now: float) -> Release | None:
         for held in self.held.values():

@@ -99,19 +99,16 @@ class PrefillPolicy:
         longest gap stays about one piece; to its end: after a catch-up piece the bound looks
         met again, but only at that piece size, and back in fitting pieces it fell behind again
         at once (bench day, `-np 5`: `ann-5` after her summary went 64-token pieces, catch-up,
-        64 again, 17 pieces in all, 6.5 s to her first token, 4.3× her time alone); and from its
-        first piece when the pieces the strategy chose could not meet the bound even back to back
-        and catch-up pieces are larger (bench day: `ann-5`'s rest went in 64-token pieces
-        predicted at 4.3× her time alone, fell behind after the first and only then caught up).
-        WHOLE (the rest fits one piece, or no option beats sending it): the real request is
-        forwarded. HOLD: that plan is held like `defer` until the hold the strategy chose ends or
-        nobody generates (rule 7); the other plans go on meanwhile; but a rest under `cold_tokens`
-        is never held (a short turn's work, which rule 1 sends at once: holding it keeps its user
-        waiting for nobody's gain). A plan whose hold ended with others still generating, or whose
-        rest under `cold_tokens` would be held, goes on behind its bound in the strategy's
-        catch-up pieces (its rule 8), not whole: sent whole, such a rest stalls every stream for
-        all of it (1,000-1,500 tokens: 2.6 s in `bench contention`, a 2,000-token rest after a
-        hold 8 s in `bench day`, on this CPU), in pieces they wait one piece at a time.
+        64 again, 17 pieces in all, 6.5 s to her first token, 4.3× her time alone). WHOLE (the rest
+        fits one piece, or no option beats sending it): the real request is forwarded. HOLD: that
+        plan is held like `defer` until the hold the strategy chose ends or nobody generates
+        (rule 7); the other plans go on meanwhile; but a rest under `cold_tokens` is never held
+        (a short turn's work, which rule 1 sends at once: holding it keeps its user waiting for
+        nobody's gain). A plan whose hold ended with others still generating, or whose rest under
+        `cold_tokens` would be held, goes on behind its bound in the strategy's catch-up pieces
+        (its rule 8), not whole: sent whole, such a rest stalls every stream for all of it
+        (1,000-1,500 tokens: 2.6 s in `bench contention`, a 2,000-token rest after a hold 8 s in
+        `bench day`, on this CPU), in pieces they wait one piece at a time.
      7. `chunk`: as soon as nobody is generating, the chosen plan's rest goes at full speed:
         forwarded at once if its predicted time is under IDLE_WHOLE × `max_stall_ms`, else fed in
         pieces of up to IDLE_STALL × `max_stall_ms` back to back (in a chat, users pause between
