@@ -42,11 +42,14 @@ MIN_KCELLS = 20.0
 MIN_SAMPLES = 3
 KEEP = 16
 """The latest samples the price is the median of."""
-TRIM_GAIN = 1.25
+TRIM_GAIN = 1.5
 """A turn is trimmed only if its own batch is predicted at least this many times the trimmed
 way's (the step its trim piece rides in, then the 64-token tile): a guess must pay for itself
-clearly. It was 1.5 while the trim piece was priced as its one row, not as the step the turn waits
-for; the streams gain besides (two short steps, not one long one)."""
+clearly. At 1.25 (`bench day`, report layout, 8dafe61) more turns were trimmed than at 1.5 with
+the piece priced as its row alone (21-23 a day against 19-20), and the marginal ones did not pay:
+`cho-5`, predicted at ~480-560 ms sent as it came, took 593-1,020 ms trimmed, its trim piece
+181-523 ms (a launch on one shared KV also saves the idle slots to llama-server's RAM cache, which
+no price here sees)."""
 MIN_CACHED = 1000
 """Under this many cached tokens a short turn is cheap either way."""
 
