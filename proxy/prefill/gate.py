@@ -111,8 +111,8 @@ class PrefillGate:
         `flight.prefill` as it happens, so a client that leaves meanwhile still has it."""
         if flight.kind not in GENERATING:
             return
-        ramp_from = 0  # warm (proxy/warm): its work is then in the cache model
-        if self._warm is not None:
+        ramp_from = 0  # a warm-up's largest piece of this prompt (the policy's rule 15)
+        if self._warm is not None:  # warm (proxy/warm): its work is then in the cache model
             ramp_from = await self._warm.claim(flight, body)
         cfg = self._cfg
         key = f"{flight.id}#{next(self._seq)}"
