@@ -28,7 +28,7 @@ from proxy.prefill.events import (
     Sizer,
 )
 from proxy.prefill.held import HeldRequest
-from proxy.prefill.narrow import NarrowPrice, fewest_rows, last_rows, trim
+from proxy.prefill.narrow import last_rows
 from proxy.prefill.pacing import WarmSizer
 from proxy.prefill.plans import ColdPlans, Server
 from proxy.prefill.restores import wait_s
@@ -36,6 +36,7 @@ from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import TILE_ROWS
 from proxy.prefill.slot_line import SlotLine
 from proxy.prefill.snapshot import PolicySnapshot
+from proxy.prefill.trims import Trims
 from proxy.record.flight import Phase
 
 STUCK_PAUSE_S = 0.05
@@ -229,13 +230,9 @@ class PrefillPolicy:
         self._notes: dict[str, str] = {}  # what happened before a request's release (rule 14)
         self._warm_pieces = 0
         self._saving: str | None = None
-        self._narrow = NarrowPrice()  # rule 19
-        self._narrow_shifts = 0
-        """The batch cost's shifts the row-by-row price was learned after (rule 19)."""
         self._shared_kv: bool | None = None
         """One KV pool shared by the slots (`set_layout`; None: not known)."""
-        self._trims: dict[str, Arrived] = {}
-        """Rule 19: short turns whose trim piece is in flight."""
+        self._trims = Trims()  # rule 19 (trims.py)
         self.save_ms: float | None = None
         """What the last save cost the server's main loop (rule 16)."""
         self._now = 0.0
@@ -290,14 +287,13 @@ class PrefillPolicy:
     def learned(self) -> tuple[list[tuple[Row, float, float]], list[float]]:
         """What it measured of this server: the batch cost's samples and the row-by-row price's
         (prefill/learned.py keeps them across slotwise's restarts)."""
-        return self._cost.export(), list(self._narrow.samples)
+        return self._cost.export(), self._trims.samples()
 
     def adopt_learned(self, batches: Sequence[tuple[Row, float, float]],
                       narrow: list[float]) -> None:
         """What `learned` gave before a restart, on the same server, as if measured first."""
         self._cost.adopt(batches)
-        self._narrow.adopt(narrow)
-        self._narrow_shifts = self._cost.shifts
+        self._trims.adopt(narrow, self._cost)
 
     def set_layout(self, slots: int | None, shared_kv: bool | None) -> None:
         """The server's slot count and whether its slots share one KV pool (`/props`, as
@@ -323,10 +319,9 @@ class PrefillPolicy:
                                            ub) >= TILE_ROWS:  # rule 19: a short last one is not tiled
                 self._cost.observe_prefill(prompt_n, cache_n, prompt_ms, self._n_batch, decoders,
                                            cells)
-        elif (prompt_n and prompt_ms is not None  # rule 19
-              and fewest_rows(prompt_n, decoders, self._shared_kv) < TILE_ROWS):
-            self._narrow.observe(prompt_n, cache_n, prompt_ms,
-                                 self._cost.cost.batch_ms(prompt_n, cache_n, decoders, cells))
+        elif prompt_n is not None and prompt_ms is not None:  # rule 19
+            self._trims.learn(self._cost, prompt_n, cache_n, prompt_ms, decoders, cells,
+                              self._shared_kv)
         self._line.landed(req_id)
         self._line.waited.pop(req_id, None)  # the gate has read it, if it held the request
         if not self._use.ended(req_id):
@@ -336,7 +331,7 @@ class PrefillPolicy:
 
     def on_piece_done(self, req_id: str, tokens: int, elapsed_ms: float,
                       now: float) -> list[Decision]:
-        trimmed = self._trims.pop(req_id, None)
+        trimmed = self._trims.pop(req_id)
         if trimmed is not None:  # rule 19: the turn goes (its piece teaches no cost)
             return [*self._release_trim(trimmed, None, now), *self._advance(now)]
         if not self._plans.piece_done(self._server(), req_id, tokens, elapsed_ms, now):
@@ -368,7 +363,7 @@ class PrefillPolicy:
         return self._advance(now)
 
     def on_piece_failed(self, req_id: str, reason: str, now: float) -> list[Decision]:
-        trimmed = self._trims.pop(req_id, None)
+        trimmed = self._trims.pop(req_id)
         if trimmed is not None:
             return [*self._release_trim(trimmed, reason, now), *self._advance(now)]
         held = self._plans.held.get(req_id)
@@ -386,7 +381,7 @@ class PrefillPolicy:
         if held is not None:
             cancel: list[Decision] = [CancelPiece(req_id)] if held.piece_upto is not None else []
             return [*cancel, *self._advance(now)]
-        if self._trims.pop(req_id, None) is not None:
+        if self._trims.pop(req_id) is not None:
             return [CancelPiece(req_id), *self._advance(now)]
         if not self._use.ended(req_id) and not waited:
             return []
@@ -498,14 +493,10 @@ class PrefillPolicy:
         """Rule 19: its trim piece, if it pays; else nothing."""
         if not self._cfg.trim_short_turns or req.guessed_tokens:
             return []
-        if self._cost.shifts != self._narrow_shifts:  # the machine changed: learned again
-            self._narrow, self._narrow_shifts = NarrowPrice(), self._cost.shifts
-        cut = trim(self._cost.cost, self._narrow, req.est_new_tokens, req.est_prompt_tokens,
-                   self._use.decoders(), self._use.cells(), self._shared_kv,
-                   n_batch=self._n_batch, n_ubatch=self._cfg.n_ubatch)
+        cut = self._trims.cut(self._cost, req, self._use.decoders(), self._use.cells(),
+                              self._shared_kv, n_batch=self._n_batch, n_ubatch=self._cfg.n_ubatch)
         if cut is None:
             return []
-        self._trims[req.req_id] = req
         self._line.land(req.req_id, now, started=True)
         self._notes[req.req_id] = self._noted(req.req_id, cut.reason())
         return [FeedPiece(req.req_id, cut.upto, trim=True)]
