@@ -609,6 +609,27 @@ class TestRule6ColdBudget:
             done = piece.upto_tokens
         assert strategies == [Strategy.CATCH_UP] * 3
 
+    def test_the_pause_lets_every_waiting_plan_meet_its_bound(self) -> None:
+        """Two first turns arrive together beside a stream, 2,000 and 2,100 tokens (2 s and
+        2.1 s alone, 5 s and 5.25 s allowed at 2.5x). The shorter gets the pieces first; the
+        other waits through its pieces and its pauses, so the pause after each is what lets
+        both meet their bounds, the soonest first: after the first piece, 1,744 + 2,100 tokens
+        due in the 4.99 s the second has left, a share of 0.77, not the first's own 0.37."""
+        p = policy(prefill_share=0.25, max_cold_factor=2.5)
+        busy(p)
+        [_, first] = p.on_arrival("a", 2000, 2000, 0.0)
+        assert first == FeedPiece("a", 256)
+        assert p.on_arrival("b", 2100, 2100, 0.0) == [Hold("b", "waiting for its turn")]
+        assert p.on_piece_done("a", 256, 256.0, 0.256) == []
+        share = (1744 + 2100) / (2.5 * 2100 - 256)
+        assert p.next_wakeup() == pytest.approx(0.256 + pause_s(0.256, share), rel=0.01)
+        # alone, the first's own share sets it (1,744 tokens in its 4.74 s left)
+        q = policy(prefill_share=0.25, max_cold_factor=2.5)
+        busy(q)
+        q.on_arrival("a", 2000, 2000, 0.0)
+        q.on_piece_done("a", 256, 256.0, 0.256)
+        assert q.next_wakeup() == pytest.approx(0.256 + pause_s(0.256, 1744 / 4744), rel=0.01)
+
     def test_no_bound_with_factor_0(self) -> None:
         p = policy(prefill_share=0.25, max_cold_factor=0.0)
         busy(p)

@@ -7,6 +7,7 @@ Pure functions of the fitted batch cost, the config and the held request; the po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
@@ -41,18 +42,35 @@ def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRe
     """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request would
     otherwise take longer than `max_cold_factor` × its time alone (as the batch cost predicts it):
     the pauses shrink to what keeps it within that, down to none."""
-    factor = cfg.max_cold_factor
-    if factor <= 0:
+    if cfg.max_cold_factor <= 0:
         return cfg.prefill_share
+    return bound_share([bound_need(cost, cfg, n_batch, held, decoders, now, cells)],
+                       cfg.prefill_share)
+
+
+def bound_need(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
+               decoders: int, now: float, cells: int = 0) -> tuple[float, float]:
+    """Rule 6: a plan's rest, priced in pieces of its largest so far, and the time it has left
+    within `max_cold_factor` × its time alone (ms)."""
     req = held.req
-    alone_ms = held.alone_ms(cost, n_batch)
     rest = req.est_prompt_tokens - held.done_upto
     piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)
     rest_ms = cost.prompt_ms(rest, held.done_upto, piece, decoders, cells)
-    left_ms = factor * alone_ms - (now - req.now) * 1000.0
-    if left_ms <= rest_ms:
-        return 1.0
-    return min(1.0, max(cfg.prefill_share, rest_ms / left_ms))
+    left_ms = cfg.max_cold_factor * held.alone_ms(cost, n_batch) - (now - req.now) * 1000.0
+    return rest_ms, left_ms
+
+
+def bound_share(needs: Sequence[tuple[float, float]], floor: float) -> float:
+    """The share of time pieces need so that every plan (`bound_need`'s rest and time left) meets
+    its bound, the soonest bound served first: at each bound, every rest due by then over the time
+    left until it; at least `floor`, at most 1.0 (1.0: some plan cannot, it is behind)."""
+    share, due = floor, 0.0
+    for rest_ms, left_ms in sorted(needs, key=lambda need: need[1]):
+        due += rest_ms
+        if left_ms <= due:
+            return 1.0
+        share = max(share, due / left_ms)
+    return min(1.0, share)
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,12 @@ class PrefillPolicy:
         PIECES, LARGER_PIECES or CATCH_UP: fed as cumulative token-id prefixes, FeedPiece(upto),
         starting after the tokens already cached; after each piece, whoever's it was, the next one
         waits a pause of piece_time * (1 - share) / share (`on_tick` sends it), share =
-        `prefill_share`, or more when the fed request would otherwise take over
-        `max_cold_factor` × its time alone (BEHIND_SHARE after a CATCH_UP piece), but never above
+        `prefill_share`, or more when the fed request, or a plan waiting for its turn (it waits
+        through the pauses too), would otherwise take over `max_cold_factor` × its time alone:
+        the share that lets every one meet its bound, the soonest first (at each bound, the rests
+        due by then over the time left until it; bench day: the day's two first turns beside one
+        stream, each paced for itself alone, the second took 2.1-3.0× its time alone)
+        (BEHIND_SHARE after a CATCH_UP piece), but never above
         BEHIND_SHARE: a request behind its bound shortens the streams' pauses, never removes
         them, and goes on in the strategy's catch-up pieces (larger ones, its rule 8), so their
         longest gap stays about one piece; to its end: after a catch-up piece the bound looks
