@@ -137,10 +137,11 @@ class ColdPlans:
         """Rule 6's share for every plan bound by `max_cold_factor` that would take the next piece
         were it its turn (not in a hold, a slot for it), the one just fed among them."""
         cfg = server.cfg
-        bound = [p for p in self.held.values() if not p.background and (
-            p is fed or ((p.hold_until is None or p.hold_until <= now) and server.takes(p)))]
-        if cfg.max_cold_factor <= 0 or len(bound) < 2:
-            return cfg.prefill_share
+        waiting = [p for p in self.held.values() if p is not fed and not p.background
+                   and (p.hold_until is None or p.hold_until <= now) and server.takes(p)]
+        if cfg.max_cold_factor <= 0 or not waiting:
+            return cfg.prefill_share  # the fed plan's own share rules (its piece_done)
+        bound = [*([] if fed.background else [fed]), *waiting]
         needs = [bound_need(server.cost.cost, cfg, server.n_batch, p, server.use.decoders(), now,
                             server.use.cells()) for p in bound]
         return bound_share(needs, cfg.prefill_share)
