@@ -37,21 +37,12 @@ def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequ
     return max(fits, default=PIECE_ALIGN)
 
 
-def pieces_share(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
-                 decoders: int, now: float, cells: int = 0) -> float:
-    """Rule 6's share of time for the pieces: `prefill_share`, or more when the cold request would
-    otherwise take longer than `max_cold_factor` × its time alone (as the batch cost predicts it):
-    the pauses shrink to what keeps it within that, down to none."""
-    if cfg.max_cold_factor <= 0:
-        return cfg.prefill_share
-    return bound_share([bound_need(cost, cfg, n_batch, held, decoders, now, cells)],
-                       cfg.prefill_share)
-
-
 def bound_need(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
                decoders: int, now: float, cells: int = 0) -> tuple[float, float]:
     """Rule 6: a plan's rest, priced in pieces of its largest so far, and the time it has left
-    within `max_cold_factor` × its time alone (ms)."""
+    within `max_cold_factor` × its time alone (ms). Its pieces get `prefill_share` of the time,
+    or more when it would otherwise take longer than that (`bound_share`): the pauses shrink to
+    what keeps it within it, down to none."""
     req = held.req
     rest = req.est_prompt_tokens - held.done_upto
     piece = max(PIECE_ALIGN, held.largest_piece or PIECE_ALIGN)

@@ -13,7 +13,7 @@ from proxy.prefill.cost_fit import BatchCostModel
 from proxy.prefill.events import Admit, FeedPiece, Forward
 from proxy.prefill.held import HeldRequest, shortest_rest
 from proxy.prefill.outlook import BEHIND_SHARE, ChunkKnobs, Situation
-from proxy.prefill.pacing import bound_need, bound_share, idle_piece, pieces_share
+from proxy.prefill.pacing import bound_need, bound_share, idle_piece
 from proxy.prefill.server_use import ServerUse
 from proxy.prefill.sizing import pause_s
 from proxy.prefill.slot_line import Place, place
@@ -119,32 +119,37 @@ class ColdPlans:
         # few, and from those the ramp would start again at a few (bench day: a 2,290-token turn
         # whose prefix llama-server's RAM cache held went in 271 pieces, 265 of one token, 104 s)
         held.largest_piece = max(held.largest_piece or 0, tokens, sent)
-        share = server.cfg.prefill_share if held.background else pieces_share(
-            server.cost.cost, server.cfg, server.n_batch, held, server.use.decoders(), now,
-            server.use.cells())
+        own, waiting = self._needs(server, held, now)
+        share = bound_share(own, server.cfg.prefill_share)  # the fed plan's own (rule 6)
         held.behind = held.behind or share >= 1.0  # once behind, to its end (rule 6)
         if held.choice is not None and held.choice.strategy is Strategy.CATCH_UP:
             share = BEHIND_SHARE
-        # the pause is the server's, not the plan's: plans waiting for their turn wait through it
-        # too, so it is what lets all of them meet their bounds (rule 4: the day's first two
-        # turns, 1,998 and 1,638 tokens a second apart beside one stream, each waited through
-        # the other's pieces and pauses priced for one plan: the second took 2.1-3.0x alone)
-        share = max(share, self._all_share(server, held, now))
+        if waiting:
+            # the pause is the server's, not the plan's: plans waiting for their turn wait
+            # through it too, so it is what lets all of them meet their bounds (rule 4: the
+            # day's first two turns, 1,998 and 1,638 tokens a second apart beside one stream,
+            # each waited through the other's pieces and pauses priced for one plan: the second
+            # took 2.1-3.0x alone)
+            share = max(share, bound_share([*own, *waiting], server.cfg.prefill_share))
         self.next_piece_at = now + pause_s(elapsed_ms / 1000.0, min(share, BEHIND_SHARE))
         return True
 
-    def _all_share(self, server: Server, fed: HeldRequest, now: float) -> float:
-        """Rule 6's share for every plan bound by `max_cold_factor` that would take the next piece
-        were it its turn (not in a hold, a slot for it), the one just fed among them."""
+    def _needs(self, server: Server, fed: HeldRequest, now: float
+               ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """Rule 6's `bound_need` of the plan just fed, and of every other plan that would take
+        the next piece were it its turn (not in a hold, a slot for it); none for a background
+        job or with `max_cold_factor` 0 (no bound)."""
         cfg = server.cfg
-        waiting = [p for p in self.held.values() if p is not fed and not p.background
+        if cfg.max_cold_factor <= 0:
+            return [], []
+
+        def need(plan: HeldRequest) -> tuple[float, float]:
+            return bound_need(server.cost.cost, cfg, server.n_batch, plan,
+                              server.use.decoders(), now, server.use.cells())
+
+        waiting = [need(p) for p in self.held.values() if p is not fed and not p.background
                    and (p.hold_until is None or p.hold_until <= now) and server.takes(p)]
-        if cfg.max_cold_factor <= 0 or not waiting:
-            return cfg.prefill_share  # the fed plan's own share rules (its piece_done)
-        bound = [*([] if fed.background else [fed]), *waiting]
-        needs = [bound_need(server.cost.cost, cfg, server.n_batch, p, server.use.decoders(), now,
-                            server.use.cells()) for p in bound]
-        return bound_share(needs, cfg.prefill_share)
+        return ([] if fed.background else [need(fed)]), waiting
 
     # ---- deciding ----------------------------------------------------------------------------
 
