@@ -89,6 +89,24 @@ class TestDecodeSteps:
         assert 0 < len(obs) < len(clean)
 
 
+    def test_shared_a_slot_that_starts_generating_in_a_window_counts_for_its_share_of_it(
+            self) -> None:
+        """A compressed day's replies of a few hundred tokens start and stop inside nearly every
+        window (`bench day` on `-np 4 -kvu`: one or two windows of a day were left). `shared`: a
+        stream that generated for part of a window counts for that part, every reply's stretch
+        from its first token to its first progress line and from its last to its end is a window
+        too, and the steps' time is the same."""
+        long = task_lines(0, 1, 0.0, 2000, 2000.0, 0, 400, 40_000.0, tg_every=3.0)
+        short = task_lines(1, 2, 20.0, 20, 20.0, 3000, 40, 1_600.0)  # generates 20.02-21.62
+        clean = decode_obs(tasks_of(long, short))
+        obs = decode_obs(tasks_of(long, short), shared=True)
+        assert len(obs) == len(clean) + 2 + 1 + 2  # long's first and last; short's; 2 shared
+        assert all(o.step_ms == pytest.approx(100.0, rel=0.05) for o in obs if o.slots == 1.0)
+        shared = [o for o in obs if 1.0 < o.slots < 2.0]
+        assert len(shared) == 2, "its windows were left out"
+        assert sum(o.slots - 1.0 for o in shared) == pytest.approx(1.6 / 3.0, rel=0.05)
+        assert any(o.slots == pytest.approx(2.0) and o.steps == 39 for o in obs)  # its own reply
+
     def test_a_piece_computed_in_a_window_is_taken_out_of_it(self) -> None:
         """A day fed in pieces has few windows with none in them: a 64-token piece of 500 ms in a
         window leaves the window's time less its 500 ms over its steps less the one its batch

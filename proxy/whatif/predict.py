@@ -47,6 +47,11 @@ from proxy.whatif.settings import (
 )
 from proxy.whatif.slotted import recorded_slots
 
+MIN_DECODES = 8
+"""Under this many decode windows in which no other reply started or ended (the server log's, else
+the records' whole replies), the decode step is fitted on every window of the server log's replies
+(`decode_obs(shared=True)`): `bench day` fed in pieces on `-np 4 -kvu` left one or two."""
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -112,13 +117,19 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     logged: list[PrefillObs] = []
     steps: list[PrefillObs] = []
     logged_decodes: list[DecodeObs] = []
+    shared_decodes: list[DecodeObs] = []
     span_at = span = None
     if tasks is not None:
         # the server's own times of its batches, where it has them, rather than the clients'
-        logged, steps, logged_decodes, span = server_obs(tasks, server)
+        obs = server_obs(tasks, server)
+        logged, steps, logged_decodes, span = obs.prefills, obs.steps, obs.decodes, obs.span
+        shared_decodes = obs.shared_decodes
         span_at = _on_record_clock(span, tasks, inputs.records)
     prefills, decodes = observations(spans, server, span_at)
     prefills, decodes = logged or prefills, logged_decodes or decodes
+    few = len(decodes)
+    if few < MIN_DECODES and len(shared_decodes) > few:
+        decodes = shared_decodes
     given = inputs.costs_file
     pieces = given.pieces if given is not None else ()
     measured = [prompt_obs(p.tokens, p.prefix, p.prompt_ms, p.decoders, server) for p in pieces]
@@ -126,7 +137,12 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
               Costs().with_values(given.values, "given") if given is not None else None,
               given.values if given is not None else ())
     cal.prefills, cal.steps = len(prefills), len(steps)
-    if decodes and not logged_decodes and span is not None and span_at is None:
+    if decodes is shared_decodes:
+        cal.notes.append(f"decode: {few} reply windows with no other reply starting or ending in "
+                         f"them (under {MIN_DECODES}; a day fed in pieces has few): fitted on every "
+                         f"window of the server log's replies, each slot counted for the share of "
+                         f"a window it generated")
+    elif decodes and not logged_decodes and span is not None and span_at is None:
         cal.notes.append("decode: the records' replies could not be placed on the server log's "
                          "clock (no request of a size only one task had): the shared KV's span "
                          "they read is not known, and not priced")

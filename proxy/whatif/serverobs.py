@@ -20,6 +20,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from proxy.report.records import RecordLine, start_of, timing
 from proxy.report.tasks import Task
@@ -117,6 +118,16 @@ class _Day:
             return max(0.0, self.span(t) - _held(task, t)) / 1000.0
         return sum(_held(o, t) for o in self.tasks if o is not task) / 1000.0
 
+    def generating(self, t0: float, t1: float) -> list[tuple[Task, float, float]]:
+        """Each task generating in (t0, t1), the share of it it generated and the middle of that
+        stretch."""
+        out = []
+        for o in self.streams:
+            a, b = max(t0, o.decode_start_s or 0.0), min(t1, o.end_s or 0.0)
+            if b > a:
+                out.append((o, (b - a) / (t1 - t0), (a + b) / 2))
+        return out
+
     def changes(self, t0: float, t1: float) -> bool:
         """A task started or stopped generating inside (t0, t1)."""
         return any(t0 < (o.decode_start_s or 0) < t1 or t0 < (o.end_s or 0) < t1
@@ -142,14 +153,27 @@ class _Day:
         return left, left_ms
 
 
-def server_obs(tasks: Sequence[Task], server: ServerSettings
-               ) -> tuple[list[PrefillObs], list[PrefillObs], list[DecodeObs],
-                          Callable[[float], int] | None]:
-    """Each task's prompt (`task_prefill_obs`), each prompt-progress step, each decode window
-    (`decode_obs`) of one log, and one shared KV's span through it (`kv_span`; None with a KV per
-    slot): its cells placed once."""
+@dataclass(frozen=True)
+class ServerObs:
+    """What one log's batches show (`server_obs`)."""
+
+    prefills: list[PrefillObs]
+    """Each task's prompt (`task_prefill_obs`)."""
+    steps: list[PrefillObs]
+    """Each prompt-progress step."""
+    decodes: list[DecodeObs]
+    """Each decode window in which nothing started or stopped generating (`decode_obs`)."""
+    shared_decodes: list[DecodeObs]
+    """Each window of every reply (`decode_obs(shared=True)`)."""
+    span: Callable[[float], int] | None
+    """One shared KV's span through it (`kv_span`: its cells placed once; None with a KV per slot)."""
+
+
+def server_obs(tasks: Sequence[Task], server: ServerSettings) -> ServerObs:
+    """Everything one log's batches show, its tasks read once."""
     day = _Day(tasks, server)
-    return _task_prefill(day, server), _progress(day, server), _decode(day, server), day.span
+    return ServerObs(_task_prefill(day, server), _progress(day, server), _decode(day, server, False),
+                     _decode(day, server, True), day.span)
 
 
 def task_prefill_obs(tasks: Sequence[Task], server: ServerSettings) -> list[PrefillObs]:
@@ -190,31 +214,49 @@ def _progress(day: _Day, server: ServerSettings) -> list[PrefillObs]:
     return out
 
 
-def decode_obs(tasks: Sequence[Task], server: ServerSettings | None = None) -> list[DecodeObs]:
+def decode_obs(tasks: Sequence[Task], server: ServerSettings | None = None, *,
+               shared: bool = False) -> list[DecodeObs]:
     """One observation per window between two generation-progress lines of a task in which only
     decode steps ran: its steps, their mean time, the slots generating, the cells they attend and,
-    with one shared KV (`server`), the cells of its span they read beyond those."""
-    return _decode(_Day(tasks, server), server)
+    with one shared KV (`server`), the cells of its span they read beyond those. `shared`: every
+    window of every reply instead, from its first token to its last, cut at those lines, a slot
+    that started or stopped generating in it counted for the share of it it generated (the step's
+    price is linear in the slots, so their mean prices the mean step)."""
+    return _decode(_Day(tasks, server), server, shared)
 
 
-def _decode(day: _Day, server: ServerSettings | None) -> list[DecodeObs]:
+def _decode(day: _Day, server: ServerSettings | None, shared: bool) -> list[DecodeObs]:
     n_batch = server.n_batch if server is not None else ServerSettings().n_batch
     out = []
     for task in day.streams:
-        for (t0, n0, _), (t1, n1, _) in itertools.pairwise(task.tg):
-            if t1 <= t0 or day.changes(t0, t1):
+        points = _reply_points(task) if shared else [(t, n) for t, n, _ in task.tg]
+        for (t0, n0), (t1, n1) in itertools.pairwise(points):
+            if t1 <= t0 or (not shared and day.changes(t0, t1)):
                 continue
             apart = day.decode_apart(t0, t1, n1 - n0, n_batch)
             if apart is None:
                 continue
-            slots = day.decoding(None, t0, t1)
-            mid = (t0 + t1) / 2
-            own = [_cells(o, mid) for o in slots]
-            span = day.span(mid) if day.span is not None else 0
-            scanned = sum(max(0.0, span - c) for c in own)
-            out.append(DecodeObs(apart[0], apart[1] / apart[0], float(len(slots)),
-                                 sum(own) / 1000.0, scanned / 1000.0))
+            slots, own, scanned = 0.0, 0.0, 0.0
+            for other, share, mid in day.generating(t0, t1):
+                cells = _cells(other, mid)
+                span = day.span(mid) if day.span is not None else 0
+                slots += share
+                own += share * cells
+                scanned += share * max(0.0, span - cells)
+            out.append(DecodeObs(apart[0], apart[1] / apart[0], slots, own / 1000.0,
+                                 scanned / 1000.0))
     return out
+
+
+def _reply_points(task: Task) -> list[tuple[float, int]]:
+    """(time, tokens generated) at the reply's first token, at each generation-progress line and
+    at its last token."""
+    first = task.decode_start_s
+    if first is None or not task.predicted_ms or not task.predicted_n:
+        return []
+    last = first + task.predicted_ms / 1000.0
+    lines = [(t, n) for t, n, _ in task.tg if first < t < last and 1 < n < task.predicted_n]
+    return [(first, 1), *lines, (last, task.predicted_n)]
 
 
 def kv_span(tasks: Sequence[Task], server: ServerSettings) -> Callable[[float], int]:
