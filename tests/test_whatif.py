@@ -327,11 +327,13 @@ class TestCalibration:
         assert alone == pytest.approx(77_256.0, rel=0.1)  # measured with three slots idle
         assert beside <= 1.15 * alone
 
-    def test_measured_pieces_price_the_small_pieces_a_day_of_whole_prompts_cannot(self) -> None:
+    def test_whole_prompts_tie_the_context_read_and_measured_pieces_price_it(self) -> None:
         """A day whose prompts are all 2,048-token batches of four micro-batches: what a
         micro-batch costs by the context it reads (g) and what a token costs by its own (c) grow
-        together, and the fit puts it on c. `bench pieces`' pieces (64-512 tokens after 1,000 to
-        15,000) tell them apart: a 64-token piece after 14,000 is priced within 5 %."""
+        together, and the day cannot tell them apart: g is tied at TILE_ROWS × c, and the note
+        says so (fitted free, g went to 0 and a 64-token piece after 14,000 was priced under 0.8
+        of its time). `bench pieces`' pieces (64-512 tokens after 1,000 to 15,000) tell them
+        apart: g is fitted, and a 64-token piece after 14,000 is priced within 5 %."""
         truth = Costs(fixed_ms=16.0, per_token_ms=0.6, per_token_per_kctx_ms=0.45,
                       per_kctx_ms=24.0, step_ms=10.0)
         server = ServerSettings(parallel=4, kv_unified=False, n_batch=2048, n_ubatch=512)
@@ -349,11 +351,17 @@ class TestCalibration:
         def priced(costs: Costs) -> float:
             return prompt_alone_ms(costs, 64, 14_000, n_batch=2048, n_ubatch=512, unified=False)
 
-        assert priced(fit(day, [], n_ubatch=512).costs) < 0.8 * alone(64, 14_000)
-        both = fit([*day, *measured], [], n_ubatch=512).costs
-        assert priced(both) == pytest.approx(alone(64, 14_000), rel=0.05)
+        whole = fit(day, [], n_ubatch=512)
+        assert whole.costs.per_kctx_ms == pytest.approx(TILE_ROWS * whole.costs.per_token_per_kctx_ms)
+        assert any("per_kctx_ms" in note and "context read" in note for note in whole.notes)
+        assert priced(whole.costs) == pytest.approx(alone(64, 14_000), rel=0.1)  # truth: 53 × c
+        both = fit([*day, *measured], [], n_ubatch=512)
+        assert not any("context read" in note for note in both.notes)
+        assert both.costs.per_kctx_ms == pytest.approx(24.0, rel=0.05)
+        assert priced(both.costs) == pytest.approx(alone(64, 14_000), rel=0.05)
         assert alone(2048, 12_288) == pytest.approx(
-            prompt_alone_ms(both, 2048, 12_288, n_batch=2048, n_ubatch=512, unified=False), rel=0.05)
+            prompt_alone_ms(both.costs, 2048, 12_288, n_batch=2048, n_ubatch=512, unified=False),
+            rel=0.05)
 
     def test_a_micro_batch_under_a_tile_is_priced_row_by_row(self) -> None:
         """ggml's CPU flash attention computes fewer than 64 rows one at a time: each prompt token

@@ -269,7 +269,9 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
     a = a[:, [0, 1, 2, 4, 5, 6]]
     # errors relative to the square root of the time: a 20 s prefill weighs five times a 0.8 s one
     w = np.array([1.0] * len(rows) + [PRIOR_SHARE] * len(prior)) / np.sqrt(np.maximum(y, 1e-9))
-    fa, fb, fc, fg, fs, fp = _bounded_fit(a * w[:, None], y * w)
+    read_told = tells_read(obs, n_ubatch)
+    fa, fb, fc, fg, fs, fp = _bounded_fit(a * w[:, None], y * w,
+                                          {} if read_told else {3: float(TILE_ROWS)})
     found = {"fixed_ms": fa, "per_token_ms": fb}
     if any(o.decoders > 0 for o in obs):
         found["per_decoder_ms"] = fb
@@ -280,6 +282,11 @@ def _fit_prefill(cal: Calibration, obs: Sequence[PrefillObs], n_ubatch: int) -> 
                          "per_token_per_kv_ms assumed)")
         return cal.costs.with_values(found, "log")
     found.update(per_token_per_kctx_ms=fc, per_kctx_ms=fg)
+    if not read_told:
+        cal.notes.append(f"prefill.per_kctx_ms: no prompt computed in micro-batches of at most "
+                         f"{n_ubatch // 2} rows after {MIN_CTX_SPREAD:,}+ tokens of context: the "
+                         f"context read taken as {TILE_ROWS} × the context's price per token (a "
+                         "query tile's rows; whole prompts cannot tell the two apart)")
     if any(r[5] > 0 for r in rows):
         found["per_decoder_kctx_ms"] = fs
     if any(r[6] > 0 for r in rows):
@@ -327,25 +334,47 @@ riding in a prompt's micro-batch pays its cells at a query tile's price (`TILE_R
 cell the mask hides costs a token at most what one it attends to does (the attention skips it)."""
 
 
-def _bounded_fit(a: np.ndarray, y: np.ndarray) -> tuple[float, ...]:
+def tells_read(obs: Sequence[PrefillObs], n_ubatch: int) -> bool:
+    """Whether the prompts tell the context read (g, once per micro-batch) from the context's price
+    per token (c): some prompt went in micro-batches of at most half `n_ubatch` rows after
+    MIN_CTX_SPREAD tokens of context. A day's whole prompts go in micro-batches of `n_ubatch`,
+    where g costs what c does at `n_ubatch` × the ratio, one for the other (a direct `bench day`
+    fitted g at 0); its short turns go row by row (`_narrow`). Where they cannot, `_fit_prefill`
+    ties g at TILE_ROWS × c: a micro-batch reads its context as if for one query tile's rows at
+    least. `bench day`'s slotwise days, fed in pieces of 64-384 tokens, fit g at 47-136 × c on
+    their own (eighteenth sitting); at 64 × c the recommended layout's `chunk` day's pieces (64-384
+    tokens after 0-5,900 of context) are priced within 7 %, where g = 0 put them 35-50 % low."""
+    half = max(1, n_ubatch // 2)
+    return any(o.tokens <= half * o.micro and o.ctx >= MIN_CTX_SPREAD for o in obs)
+
+
+def _bounded_fit(a: np.ndarray, y: np.ndarray,
+                 tied: dict[int, float] | None = None) -> tuple[float, ...]:
     """Non-negative least squares under `CELL_BOUNDS`: a column fitted past its bound is tied to it
     (its column folded into the context's at that multiple) and the rest fitted again. Unbounded,
     a day whose short prompts were slow for another reason put it on the few hundred cells the
     other slots held (2.9 ms a token per 1,000 against 0.52 for its own context, on a `bench
-    contention --scenario field` day), and then on the decoders' cells (76 ms per 1,000)."""
-    tied: dict[int, float] = {}
-    x = nonnegative_lstsq(a, y)
+    contention --scenario field` day), and then on the decoders' cells (76 ms per 1,000).
+    `tied`: columns tied from the start (column: multiple)."""
+    tied = dict(tied or {})
+    x = _tied_fit(a, y, tied)
     while over := {c: k for c, k in CELL_BOUNDS.items() if c not in tied and x[c] > k * x[2]}:
         tied.update(over)
-        folded = a.copy()
-        for c, k in tied.items():
-            folded[:, 2] += k * a[:, c]
-        free = [c for c in range(a.shape[1]) if c not in tied]
-        x = np.zeros(a.shape[1])
-        x[free] = nonnegative_lstsq(folded[:, free], y)
-        for c, k in tied.items():
-            x[c] = k * x[2]
+        x = _tied_fit(a, y, tied)
     return tuple(float(v) for v in x)
+
+
+def _tied_fit(a: np.ndarray, y: np.ndarray, tied: dict[int, float]) -> np.ndarray:
+    """Non-negative least squares with each `tied` column priced at its multiple of column 2's."""
+    folded = a.copy()
+    for c, k in tied.items():
+        folded[:, 2] += k * a[:, c]
+    free = [c for c in range(a.shape[1]) if c not in tied]
+    x = np.zeros(a.shape[1])
+    x[free] = nonnegative_lstsq(folded[:, free], y)
+    for c, k in tied.items():
+        x[c] = k * x[2]
+    return x
 
 
 def _fit_decode(cal: Calibration, obs: Sequence[DecodeObs],
