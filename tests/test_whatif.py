@@ -37,6 +37,7 @@ from proxy.whatif.costs import (
     parse_costs,
 )
 from proxy.whatif.gatekeeper import PolicySeam, Send
+from proxy.whatif.keeping import SAVE_MS_PER_TOKEN
 from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.modelfile import kv_bytes_per_token
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
@@ -589,6 +590,24 @@ class TestKeptKv:
         s_end = parse_time(str(out["s"].start)) + (out["s"].total_ms or 0) / 1000.0
         assert parse_time(str(out["back-restore"].start)) >= s_end - 0.05
         assert out["back"].held_ms >= (s_end - parse_time(str(out["back"].start))) * 1000 - 50
+
+    def test_a_conversation_a_restore_displaces_is_saved_first_and_restored_later(self) -> None:
+        """The keep store saves the conversation a restore pushes out of its slot first (its
+        rule 7): in the model too, taking the log's save time a token; that user's next turn
+        restores it rather than computing its 3,000 tokens again."""
+        scene = loaded([record("a0", 0.0, "a", 3000, 0, 100),
+                        *restored("back", 10.0, "b", 6000, 24, 5966, 50),
+                        record("a1", 30.0, "a", 3300, 3070, 20)])
+        one = played(scene, recorded=(*RECORDED[1:], "parallel=1"))
+        out = {r.id: r for r in one.outcome.records}
+        save, again = sorted((r for r in out.values() if r.kind == "kv_save"),
+                             key=lambda r: parse_time(str(r.start)))
+        assert 3000 <= (save.kv_tokens or 0) <= 3100 and save.total_ms == pytest.approx(
+            (save.kv_tokens or 0) * SAVE_MS_PER_TOKEN, rel=0.01)
+        assert parse_time(str(save.start)) < parse_time(str(out["back-restore"].start))
+        assert out["a1"].restored_tokens >= 3000 and (out["a1"].computed_tokens or 0) < 400
+        assert out["a1-restore"].kind == "kv_restore" and out["a1-restore"].kv_file == save.kv_file
+        assert (again.kv_tokens or 0) >= 6000  # b's conversation, pushed out by a1's restore
 
     def test_one_tokens_kv_is_measured_from_the_logs_kept_files(self) -> None:
         """The RAM prompt cache's limit and copies count bytes: the log's files say a token's."""

@@ -2,8 +2,11 @@
 (`Restorable`), the prefill policy decides when it is restored (its rule 14), a warm-up the log
 shows restored restores when its queue says (warming.py), and the saves the log shows go when the
 policy lets them (its rule 16); all are the server model's main-loop work (its rule 10), and their
-records are the keeper's own. The files are the ones the log shows (kept.py). Pure: driven by the
-replay's clock.
+records are the keeper's own. The files are the ones the log shows (kept.py), and those the replay
+makes: a restore into a slot whose conversation (of `min_tokens` or more) no file holds saves it
+first, as the keep store does (its rule 7: `displaced_save`), taking the main loop's time the log's
+saves take a token; a later request of that conversation restores it like a logged file, if it
+would spare enough. Pure: driven by the replay's clock.
 """
 
 from __future__ import annotations
@@ -21,8 +24,16 @@ from proxy.whatif.kept import RESTORE_SUFFIX, LoggedSave
 from proxy.whatif.prompts import Held, Seq
 from proxy.whatif.requests import Job, Workload
 from proxy.whatif.server import LoopDone, LoopWork, ServerModel
+from proxy.whatif.slots import Slot
 
 Apply = Callable[[list[Action], float], None]
+
+SAVE_MS_PER_TOKEN = 0.1
+"""A save where the log shows none to learn from: `bench day` on `-np 4 -kvu`, the small model,
+saved 2,894 tokens in 311 ms, 1,532 in 115 and 4,346 in 512 (0.075-0.12 ms a token)."""
+RESTORE_MS_PER_TOKEN = 0.02
+"""A restore where the log shows none to learn from: the same days restored 4,079 tokens in
+26-55 ms and 6,047 in 27-269 ms (the file in the page cache or not)."""
 
 
 class Keeping:
@@ -33,6 +44,16 @@ class Keeping:
         self._policy, self._witness, self._apply = policy, witness, apply
         self._due: dict[str, LoggedSave] = {}
         """Saves come due that the policy has not let go yet."""
+        self._made: dict[str, Held] = {}
+        """Files the replay saved (conversations a restore pushed out of their slot), by name."""
+        self._chosen: dict[str, tuple[str, int]] = {}
+        """A request's made file and the tokens of its prompt the file holds, by request id."""
+        self._displacing: dict[str, tuple[str, int, int, float]] = {}
+        """A restore's key: the save run first (file name, tokens, slot, ms)."""
+        self._save_ms = _per_token([(s.ms, s.tokens or 0) for s in work.saves], SAVE_MS_PER_TOKEN)
+        self._restore_ms = _per_token(
+            [(f.restore_ms, j.kept) for j in work.jobs if (f := work.files.get(j.id)) is not None],
+            RESTORE_MS_PER_TOKEN)
 
     @property
     def saves(self) -> list[LoggedSave]:
@@ -50,9 +71,16 @@ class Keeping:
         `Workload.file_of`), if it would spare enough now."""
         file = self._work.file_of(job.id)
         spare = self.spare(job.id, job.kept, cached, job.prompt_tokens)
-        if file is None or not spare:
+        if file is not None and spare:
+            self._chosen.pop(job.id, None)
+            return Restorable(spare, file.restore_ms, self._knobs.max_wait_s)
+        best = max(((name, min(held.common(job.prompt), job.prompt_tokens - 1))
+                    for name, held in self._made.items()), key=lambda found: found[1], default=None)
+        if best is None or not worth_restoring(best[1], cached, job.prompt_tokens,
+                                               self._knobs.min_tokens):
             return None
-        return Restorable(spare, file.restore_ms, self._knobs.max_wait_s)
+        self._chosen[job.id] = best
+        return Restorable(best[1] - cached, best[1] * self._restore_ms, self._knobs.max_wait_s)
 
     def spare(self, file_id: str, kept: int, cached: int, prompt_tokens: int) -> int:
         """What the file under `file_id` (holding the prompt's first `kept` tokens) would spare
@@ -67,20 +95,53 @@ class Keeping:
         """A restore of the file under `file_id` (the policy's Restore for a request, a warm-up
         queue's RestoreKept): it goes into an idle slot at the next boundary, `LoopDone` under
         `key` when it ends."""
-        file = self._work.file_of(file_id)
-        assert file is not None, "restored only when `spare` found its file"
-        self._server.run_on_loop(LoopWork(key, file.restore_ms, Held(prompt, kept)), now)
+        made = self._chosen.get(file_id)
+        if made is not None:
+            kept, ms = made[1], made[1] * self._restore_ms
+        else:
+            file = self._work.file_of(file_id)
+            assert file is not None, "restored only when `spare` found its file"
+            ms = file.restore_ms
+        slot = self._server.table.restore_slot(self._holds)
+        before = self._displaced_save(key, slot)
+        self._server.run_on_loop(LoopWork(key, ms, Held(prompt, kept),
+                                          None if slot is None else slot.id, before), now)
+
+    def _holds(self, held: Held) -> bool:
+        """A file the replay made holds every token of `held`."""
+        return any(made.contains(held) for made in self._made.values())
+
+    def _displaced_save(self, key: str, slot: Slot | None) -> float:
+        """The keep store's rule 7: the conversation a restore into `slot` would push out, saved
+        first when it has `min_tokens` or more and no file holds it; the save's main-loop ms (0:
+        none)."""
+        if slot is None or slot.held.n < self._knobs.min_tokens or self._holds(slot.held):
+            return 0.0
+        name = f"displaced-{len(self._made) + 1}"
+        self._made[name] = slot.held
+        ms = slot.held.n * self._save_ms
+        self._displacing[key] = (name, slot.held.n, slot.id, ms)
+        return ms
 
     def restore_ended(self, file_id: str, flight: Flight, kept: int, done: LoopDone) -> bool:
         """A restore for `flight` (a request's or a warm-up's) ended: whether into a slot (its
         record written, named after `file_id`, and the flight's `restored_tokens` set: the `kept`
         tokens the file covered, as the keeper writes them), or with no idle slot to go into."""
+        saved = self._displacing.pop(done.work.key, None)
+        if saved is not None:
+            name, tokens, slot, ms = saved
+            start = done.t - (done.work.ms + ms) / 1000.0
+            self._witness.kv_call(f"kv-save-{name}", slot, Kind.KV_SAVE, name, start=start,
+                                  end=start + ms / 1000.0, client=None, tokens=tokens, restored=0)
         file = self._work.file_of(file_id)
-        if done.slot is None or file is None:
+        made = self._chosen.pop(file_id, None)
+        if done.slot is None or (file is None and made is None):
             return False
+        kept = made[1] if made is not None else kept
         flight.restored_tokens = kept
         self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
-                              file.name, start=done.t - done.work.ms / 1000.0,
+                              made[0] if made is not None else file.name if file else None,
+                              start=done.t - done.work.ms / 1000.0,
                               end=done.t, client=flight.client, tokens=kept, restored=kept)
         return True
 
@@ -92,7 +153,8 @@ class Keeping:
             self._apply(self._policy.restore_failed(key, "no idle slot to restore into", now,
                                                     no_slot=True), now)
             return
-        self._apply(self._policy.restored(key, job.prompt_tokens - job.kept, now), now)
+        self._apply(self._policy.restored(key, job.prompt_tokens - flight.restored_tokens, now),
+                    now)
 
     # ---- saves ----------------------------------------------------------------------------------
 
@@ -121,3 +183,9 @@ class Keeping:
                                   start=done.t - save.ms / 1000.0, end=done.t, client=None,
                                   tokens=save.tokens, restored=0)
         self._apply(self._policy.save_done(done.work.key, done.work.ms, done.t), done.t)
+
+
+def _per_token(samples: list[tuple[float, int]], default: float) -> float:
+    """The median ms a token of (ms, tokens) samples; `default` with none."""
+    rates = sorted(ms / tokens for ms, tokens in samples if tokens > 0)
+    return rates[(len(rates) - 1) // 2] if rates else default

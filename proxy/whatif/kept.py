@@ -5,8 +5,9 @@ A request whose record says `restored_tokens` found a file holding the start of 
 arrived (saved the day before, or earlier in the log): the tokens the server already had plus those
 the restore spared. Restoring it took its `kv_restore` record's `total_ms` (`<id>-restore`), or, for
 a restore the log does not time, the log's median per byte of the file. A save (`kv_save`) took
-its record's `total_ms` of llama-server's main loop. A conversation the log shows no file of is never
-kept: which ones slotwise would have saved under other settings is not modelled.
+its record's `total_ms` of llama-server's main loop. Which idle conversations slotwise
+would have saved under other settings is not modelled (keeping.py saves one only when a modelled
+restore pushes it out of its slot).
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ def unmodelled(whatif: Settings, workload: Workload) -> list[str]:
     if whatif.config.keep_kv.enabled and (files or saves):
         notes.append(f"keep_kv: the {files} restores and {saves} saves the log shows go as "
                      "slotwise's policy decides them; a conversation the log shows no file of is "
-                     "never saved nor restored")
+                     "saved only when a restore pushes it out of its slot (then restored "
+                     "like the log's)")
     elif whatif.config.keep_kv.enabled:
         notes.append("keep_kv: the log shows no kept file (recorded without keep_kv): nothing to "
                      "restore; which conversations slotwise would have saved is not modelled")

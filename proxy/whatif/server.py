@@ -39,9 +39,12 @@ Rules (tests/test_whatif_server.py follows them one to one):
     its first: what the decoders' own cells move it within a stretch is left out).
 10. Kept KV (keep_kv): a restore of a file and a save of a slot are tasks the main loop runs
     between two batches, in the order they came, each taking its time while every slot waits. A
-    restore goes into an idle slot, an empty one first, else the least recently used, which then
-    holds the file's tokens (what it held before is gone); with no idle slot it does nothing. The
-    batch after one is never a quiet stretch (rule 9): what it lets go is sent in reply to it.
+    restore goes into the idle slot the keep store chose (`LoopWork.into`), after the save of its
+    conversation slotwise runs first, if any (`before_ms`); else into an idle slot chosen as the
+    store chooses (`Slots.restore_slot`: an empty one, then one whose tokens are kept elsewhere,
+    then the least recently used), which then holds the file's tokens (what it held before is
+    gone); with no idle slot it does nothing. The batch after one is never a quiet stretch (rule
+    9): what it lets go is sent in reply to it.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ class LoopWork:
     key: str
     ms: float
     held: Held | None = None
+    into: int | None = None
+    """A restore: the slot chosen for it, if still idle then (else the model chooses again)."""
+    before_ms: float = 0.0
+    """A restore: the main loop's time of a save of that slot's conversation, run first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +189,8 @@ class ServerModel:
             self._post_decode(batch, out)
         if self._loop:  # rule 10: a restore or a save, before any queued task or batch
             work = self._loop.pop(0)
-            slot = self.table.restore(work.held) if work.held is not None else None
-            self._batch = _Batch(now, now + work.ms / 1000.0, [], [], work,
+            slot = self.table.restore(work.held, work.into) if work.held is not None else None
+            self._batch = _Batch(now, now + (work.before_ms + work.ms) / 1000.0, [], [], work,
                                  None if slot is None else slot.id)
             return out
         spent_ms = self.table.assign(now)
