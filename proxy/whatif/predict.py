@@ -50,7 +50,8 @@ from proxy.whatif.slotted import recorded_slots
 MIN_DECODES = 8
 """Under this many decode windows in which no other reply started or ended (the server log's, else
 the records' whole replies), the decode step is fitted on every window of the server log's replies
-(`decode_obs(shared=True)`): `bench day` fed in pieces on `-np 4 -kvu` left one or two."""
+(`decode_obs(shared=True)`): `bench day` fed in pieces on `-np 4 -kvu` left one or two, and a
+direct day one to three on both layouts (eighteenth sitting; another left 28-30)."""
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,9 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     cal.prefills, cal.steps = len(prefills), len(steps)
     if decodes is shared_decodes:
         cal.notes.append(f"decode: {few} reply windows with no other reply starting or ending in "
-                         f"them (under {MIN_DECODES}; a day fed in pieces has few): fitted on every "
-                         f"window of the server log's replies, each slot counted for the share of "
-                         f"a window it generated")
+                         f"them (under {MIN_DECODES}: a busy day, or one fed in pieces, has few): "
+                         f"fitted on every window of the server log's replies, each slot counted "
+                         f"for the share of a window it generated")
     elif decodes and not logged_decodes and span is not None and span_at is None:
         cal.notes.append("decode: the records' replies could not be placed on the server log's "
                          "clock (no request of a size only one task had): the shared KV's span "
