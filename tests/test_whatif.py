@@ -609,6 +609,16 @@ class TestKeptKv:
         assert out["a1-restore"].kind == "kv_restore" and out["a1-restore"].kv_file == save.kv_file
         assert (again.kv_tokens or 0) >= 6000  # b's conversation, pushed out by a1's restore
 
+    def test_two_restores_at_once_go_into_two_slots(self) -> None:
+        """The keep store never takes a slot another restore was chosen for (its rule 7): two
+        returning users at once, two empty slots, both restored."""
+        scene = loaded([*restored("back", 1.0, "b", 6000, 24, 5966, 50),
+                        *restored("away", 1.0, "c", 5000, 24, 4966, 50)])
+        out = {r.id: r for r in played(scene, recorded=(*RECORDED[1:], "parallel=2")).outcome.records}
+        assert out["back"].restored_tokens >= 5966 and out["away"].restored_tokens >= 4966
+        assert (out["back"].computed_tokens or 0) <= 60 and (out["away"].computed_tokens or 0) <= 60
+        assert not [r for r in out.values() if r.kind == "kv_save"]  # nothing pushed out
+
     def test_one_tokens_kv_is_measured_from_the_logs_kept_files(self) -> None:
         """The RAM prompt cache's limit and copies count bytes: the log's files say a token's."""
         scene = loaded([record("s", 0.0, "a", 300, 0, 400),

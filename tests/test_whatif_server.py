@@ -416,6 +416,24 @@ class TestRule10KeptKv:
         assert server.slots[done.slot or 0].held.n == 1000
         assert any(s.held.seq.segs[0][0] == 1 for s in server.slots)  # "a" kept its slot
 
+    def test_restores_queued_at_once_are_chosen_two_slots_and_land_there_after_their_saves(
+            self) -> None:
+        """The keep store chooses a restore's slot when it decides it (`into`, never one another
+        restore was chosen for) and saves the conversation there first (`before_ms`)."""
+        server = model()
+        run(server, [(0.0, task("a", seq(1, 300), 2))])
+        first = server.table.restore_slot(taken=server.restoring_into())
+        assert first is not None and first.held.n == 0  # an empty one
+        server.run_on_loop(LoopWork("r1", 100.0, Held(seq(7, 1000), 1000), first.id, 50.0), 5.0)
+        second = server.table.restore_slot(taken=server.restoring_into())
+        assert second is not None and second.id != first.id
+        server.run_on_loop(LoopWork("r2", 100.0, Held(seq(8, 900), 900), second.id), 5.0)
+        out = run(server, [])
+        done = {d.work.key: d for d in out if isinstance(d, LoopDone)}
+        assert (done["r1"].slot, done["r2"].slot) == (first.id, second.id)
+        assert done["r1"].t == pytest.approx(5.15, abs=1e-6)  # its save's 50 ms, then 100 ms
+        assert server.slots[first.id].held.n == 1000 and server.slots[second.id].held.n == 900
+
     def test_with_no_idle_slot_a_restore_does_nothing(self) -> None:
         server = model(parallel=1)
         long = task("long", seq(1, 100), 200)

@@ -339,7 +339,8 @@ def tells_read(obs: Sequence[PrefillObs], n_ubatch: int) -> bool:
     per token (c): some prompt went in micro-batches of at most half `n_ubatch` rows after
     MIN_CTX_SPREAD tokens of context. A day's whole prompts go in micro-batches of `n_ubatch`,
     where g costs what c does at `n_ubatch` × the ratio, one for the other (a direct `bench day`
-    fitted g at 0); its short turns go row by row (`_narrow`). Where they cannot, `_fit_prefill`
+    fitted g at 0); its turns of under TILE_ROWS new tokens go row by row (`_narrow`), and a
+    follow-up of 64-256 after 2,000 cached does tell. Where they cannot, `_fit_prefill`
     ties g at TILE_ROWS × c: a micro-batch reads its context as if for one query tile's rows at
     least. `bench day`'s slotwise days, fed in pieces of 64-384 tokens, fit g at 47-136 × c on
     their own (eighteenth sitting); at 64 × c the recommended layout's `chunk` day's pieces (64-384

@@ -11,6 +11,7 @@ would spare enough. Pure: driven by the replay's clock.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from proxy.config import KeepKvConfig
@@ -102,7 +103,7 @@ class Keeping:
             file = self._work.file_of(file_id)
             assert file is not None, "restored only when `spare` found its file"
             ms = file.restore_ms
-        slot = self._server.table.restore_slot(self._holds)
+        slot = self._server.table.restore_slot(self._holds, self._server.restoring_into())
         before = self._displaced_save(key, slot)
         self._server.run_on_loop(LoopWork(key, ms, Held(prompt, kept),
                                           None if slot is None else slot.id, before), now)
@@ -127,16 +128,11 @@ class Keeping:
         """A restore for `flight` (a request's or a warm-up's) ended: whether into a slot (its
         record written, named after `file_id`, and the flight's `restored_tokens` set: the `kept`
         tokens the file covered, as the keeper writes them), or with no idle slot to go into."""
-        saved = self._displacing.pop(done.work.key, None)
-        if saved is not None:
-            name, tokens, slot, ms = saved
-            start = done.t - (done.work.ms + ms) / 1000.0
-            self._witness.kv_call(f"kv-save-{name}", slot, Kind.KV_SAVE, name, start=start,
-                                  end=start + ms / 1000.0, client=None, tokens=tokens, restored=0)
         file = self._work.file_of(file_id)
-        made = self._chosen.pop(file_id, None)
+        made = self._chosen.get(file_id)
         if done.slot is None or (file is None and made is None):
-            return False
+            return False  # a made file stays chosen: the policy may restore it again
+        self._chosen.pop(file_id, None)
         kept = made[1] if made is not None else kept
         flight.restored_tokens = kept
         self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
@@ -144,6 +140,21 @@ class Keeping:
                               start=done.t - done.work.ms / 1000.0,
                               end=done.t, client=flight.client, tokens=kept, restored=kept)
         return True
+
+    def loop_done(self, done: LoopDone) -> None:
+        """A restore's main-loop work ended, whoever still waits for it: the save run before it
+        (`_displaced_save`) gets its record, as the keeper writes it."""
+        saved = self._displacing.pop(done.work.key, None)
+        if saved is None:
+            return
+        name, tokens, slot, ms = saved
+        start = done.t - (done.work.ms + ms) / 1000.0
+        self._witness.kv_call(f"kv-save-{name}", slot, Kind.KV_SAVE, name, start=start,
+                              end=start + ms / 1000.0, client=None, tokens=tokens, restored=0)
+
+    def forget(self, request_id: str) -> None:
+        """A request ended: a made file it had chosen is no longer waited for."""
+        self._chosen.pop(request_id, None)
 
     def restored(self, key: str, job: Job, flight: Flight, done: LoopDone) -> None:
         """A request's restore ended: in a slot (the request goes on with the rest to compute),
@@ -186,6 +197,6 @@ class Keeping:
 
 
 def _per_token(samples: list[tuple[float, int]], default: float) -> float:
-    """The median ms a token of (ms, tokens) samples; `default` with none."""
-    rates = sorted(ms / tokens for ms, tokens in samples if tokens > 0)
-    return rates[(len(rates) - 1) // 2] if rates else default
+    """The (lower) median ms a token of (ms, tokens) samples; `default` with none."""
+    rates = [ms / tokens for ms, tokens in samples if tokens > 0]
+    return statistics.median_low(rates) if rates else default

@@ -258,6 +258,7 @@ class Replay:
     def _finish(self, live: _Live, now: float) -> None:
         """Its client has what it gets: its next turn comes the client's own time later."""
         live.ended = True
+        self.keeping.forget(live.job.id)
         self.clock.ended(live.job.id, now)
 
     # ---- the server side ------------------------------------------------------------------------
@@ -299,6 +300,7 @@ class Replay:
         if done.work.held is None:
             self.keeping.saved(done)
             return
+        self.keeping.loop_done(done)
         if self.warming.restoring(done.work.key):
             self.warming.restore_ended(done)
             return

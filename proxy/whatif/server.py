@@ -40,10 +40,10 @@ Rules (tests/test_whatif_server.py follows them one to one):
 10. Kept KV (keep_kv): a restore of a file and a save of a slot are tasks the main loop runs
     between two batches, in the order they came, each taking its time while every slot waits. A
     restore goes into the idle slot the keep store chose (`LoopWork.into`), after the save of its
-    conversation slotwise runs first, if any (`before_ms`); else into an idle slot chosen as the
-    store chooses (`Slots.restore_slot`: an empty one, then one whose tokens are kept elsewhere,
-    then the least recently used), which then holds the file's tokens (what it held before is
-    gone); with no idle slot it does nothing. The batch after one is never a quiet stretch (rule
+    conversation slotwise runs first, if any (`before_ms`); if that slot is busy by then, into
+    an empty idle one, else the least recently used (the save's time is spent all the same),
+    which then holds the file's tokens (what it held before is gone); with no idle slot it does
+    nothing. The batch after one is never a quiet stretch (rule
     9): what it lets go is sent in reply to it.
 """
 
@@ -153,6 +153,11 @@ class ServerModel:
         self.table.queue.append(task)
         if self._batch is None and self._wake is None:
             self._wake = now
+
+    def restoring_into(self) -> set[int]:
+        """The slots restores queued or running on the main loop were chosen for."""
+        works = [*self._loop, *([self._batch.work] if self._batch and self._batch.work else [])]
+        return {w.into for w in works if w.held is not None and w.into is not None}
 
     def run_on_loop(self, work: LoopWork, now: float) -> None:
         """Rule 10: a restore or a save, run at the next boundary (`LoopDone` when it ends)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from proxy.whatif.costs import Costs
@@ -113,19 +113,21 @@ class Slots:
         idle = (s.held.common(prompt) for s in self.slots if s.phase is Phase.IDLE)
         return max(max(idle, default=0), self.cache.common(prompt))
 
-    def restore_slot(self, kept: Callable[[Held], bool] = lambda held: False) -> Slot | None:
+    def restore_slot(self, kept: Callable[[Held], bool] = lambda held: False,
+                     taken: Collection[int] = ()) -> Slot | None:
         """The idle slot a restore of a kept file goes into, as the keep store chooses it (its
-        rule 7): an empty one first, then one whose conversation a file holds (`kept`:
-        a file the replay made), then the least recently used; None when every slot is busy."""
-        idle = [s for s in self.slots if s.phase is Phase.IDLE]
+        rule 7): none another restore was chosen for (`taken`), an empty one first, then one whose
+        conversation a file holds (`kept`: a file the replay made), then the least recently used;
+        None when there is none."""
+        idle = [s for s in self.slots if s.phase is Phase.IDLE and s.id not in taken]
         if not idle:
             return None
         return min(idle, key=lambda s: (s.held.n > 0, not kept(s.held), s.t_last, s.released))
 
     def restore(self, held: Held, into: int | None = None) -> Slot | None:
-        """The server model's rule 10: a kept file into slot `into` if it is idle, else into
-        `restore_slot`'s (slotwise primes it so that the request keeps it: no LoRA switch clears
-        it); None when every slot is busy."""
+        """The server model's rule 10: a kept file into slot `into` if it is idle, else into an
+        empty idle one, else the least recently used (slotwise primes it so that the request
+        keeps it: no LoRA switch clears it); None when every slot is busy."""
         chosen = next((s for s in self.slots if s.id == into and s.phase is Phase.IDLE), None)
         slot = chosen or self.restore_slot()
         if slot is not None:
