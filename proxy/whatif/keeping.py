@@ -75,13 +75,18 @@ class Keeping:
         if file is not None and spare:
             self._chosen.pop(job.id, None)
             return Restorable(spare, file.restore_ms, self._knobs.max_wait_s)
-        best = max(((name, min(held.common(job.prompt), job.prompt_tokens - 1))
-                    for name, held in self._made.items()), key=lambda found: found[1], default=None)
+        best = self._made_for(job)
         if best is None or not worth_restoring(best[1], cached, job.prompt_tokens,
                                                self._knobs.min_tokens):
             return None
         self._chosen[job.id] = best
         return Restorable(best[1] - cached, best[1] * self._restore_ms, self._knobs.max_wait_s)
+
+    def _made_for(self, job: Job) -> tuple[str, int] | None:
+        """The file the replay made that holds the most of `job`'s prompt, and how much (at most
+        all but its last token, as the keep store's `candidate` counts it)."""
+        return max(((name, min(held.common(job.prompt), job.prompt_tokens - 1))
+                    for name, held in self._made.items()), key=lambda found: found[1], default=None)
 
     def spare(self, file_id: str, kept: int, cached: int, prompt_tokens: int) -> int:
         """What the file under `file_id` (holding the prompt's first `kept` tokens) would spare
@@ -133,10 +138,10 @@ class Keeping:
         if done.slot is None or (file is None and made is None):
             return False  # a made file stays chosen: the policy may restore it again
         self._chosen.pop(file_id, None)
+        name: str | None = made[0] if made is not None else file.name if file is not None else None
         kept = made[1] if made is not None else kept
         flight.restored_tokens = kept
-        self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE,
-                              made[0] if made is not None else file.name if file else None,
+        self._witness.kv_call(f"{file_id}{RESTORE_SUFFIX}", done.slot, Kind.KV_RESTORE, name,
                               start=done.t - done.work.ms / 1000.0,
                               end=done.t, client=flight.client, tokens=kept, restored=kept)
         return True
