@@ -28,7 +28,7 @@ from proxy.whatif.slots import Slots, Task
 
 COSTS = Costs(fixed_ms=10.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0, per_decoder_ms=0.0,
               per_kctx_ms=0.0, step_ms=20.0, per_slot_ms=0.0, decode_per_kctx_ms=0.0,
-              lora_switch_ms=0.0, kv_bytes_per_token=1.0, copy_gb_s=1e12)
+              lora_switch_ms=0.0, kv_bytes_per_token=1.0, save_gb_s=1e12, copy_gb_s=1e12)
 """A micro-batch: 10 ms + 1 ms a prompt token; a decode step 20 ms; copies free."""
 SETTINGS = ServerSettings(n_batch=2048, n_ubatch=512, parallel=2, kv_unified=False, ctx=0,
                           cache_ram=0, cache_idle_slots=False)
@@ -172,11 +172,25 @@ class TestRule2RamCache:
 
     def test_copies_take_the_main_loops_time(self) -> None:
         server = ServerModel(dataclasses.replace(SETTINGS, parallel=1, cache_ram=1024),
-                             dataclasses.replace(COSTS, kv_bytes_per_token=1e6, copy_gb_s=1.0))
+                             dataclasses.replace(COSTS, kv_bytes_per_token=1e6, save_gb_s=1.0))
         a, b = task("a", seq(1, 800)), task("b", seq(2, 800))
         out = run(server, [(0.0, a), (5.0, b)])
         held = 800 + 3 - 1  # its prompt and reply, the last token not in the KV
         assert of(out, Started, "b")[0].t == pytest.approx(5.0 + held * 1e6 / 1e9)
+
+    def test_a_save_and_a_copy_back_each_take_their_own_speed(self) -> None:
+        """Saving a slot's prompt to the RAM cache took 0.5-1.6 GB/s on the testbed, copying one
+        back ~6 GB/s (docs/whatif.md, the RAM cache's copies)."""
+        server = ServerModel(dataclasses.replace(SETTINGS, parallel=1, cache_ram=4096),
+                             dataclasses.replace(COSTS, kv_bytes_per_token=1e6, save_gb_s=1.0,
+                                                 copy_gb_s=10.0))
+        a, b = task("a", seq(1, 800)), task("b", seq(2, 800))
+        run(server, [(0.0, a), (5.0, b)])
+        back = task("a2", seq(3, 20, a.out))
+        out = run(server, [(10.0, back)])
+        held = 800 + 3 - 1
+        assert back.cache_n == held  # b's prompt saved, a's copied back
+        assert of(out, Started, "a2")[0].t == pytest.approx(10.0 + held * 1e-3 + held * 1e-4)
 
     def test_idle_slots_are_saved_and_emptied_at_each_launch_with_one_shared_kv(self) -> None:
         server = model(cache_ram=1024, cache_idle_slots=True, kv_unified=True)

@@ -17,6 +17,10 @@ from types import TracebackType
 
 from proxy.testbed.binary import find_llama_server
 
+COMMAND_LINE = "# slotwise: "
+"""How the log of a llama-server this module starts opens: this, then the command line (the what-if
+reads the flags llama-server's own log does not show from it)."""
+
 DEFAULT_THREADS = 2  # the test machines have 2 cores, shared; more threads only add contention
 STOP_GRACE_SECONDS = 10.0
 PORT_ATTEMPTS = 3
@@ -133,7 +137,7 @@ class LlamaServer:
         self.port = self._fixed_port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            log.write(f"# slotwise: {' '.join(self.command(binary))}\n".encode())
+            log.write(f"{COMMAND_LINE}{' '.join(self.command(binary))}\n".encode())
             log.flush()
             self._process = subprocess.Popen(
                 self.command(binary),

@@ -29,6 +29,7 @@ from proxy.whatif.calibrate import (
     observations,
     prompt_obs,
 )
+from proxy.whatif.copies import save_gb_s
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.cutsizes import cut_sizes, log_offset, seen_by_task
 from proxy.whatif.kept import kept_bytes_per_token
@@ -162,6 +163,11 @@ def calibrate(inputs: Inputs, server: ServerSettings, tasks: Sequence[Task] | No
     elif inputs.model_kv_bytes is not None:
         cal.costs = cal.costs.with_values({"kv_bytes_per_token": inputs.model_kv_bytes},
                                           "model file")
+    copies = save_gb_s(tasks, cal.costs.kv_bytes_per_token) if tasks is not None else None
+    if copies is not None:
+        cal.costs = cal.costs.with_values({"save_gb_s": copies[0]}, "log")
+        cal.notes.append(f"server: prompts saved to the RAM cache at {copies[0]:.2f} GB/s, the "
+                         f"median of {copies[1]} slot switches the server log times")
     if given is not None:
         cal.costs = fit_rates(given.prefill_rates, given.decode_tok_s, server, cal.costs)
         cal.costs = cal.costs.with_values(given.values, "given")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config import Config, ConfigError, parse_config
+from proxy.testbed.server import COMMAND_LINE
 
 
 class SettingsError(ValueError):
@@ -140,15 +141,32 @@ _CONTEXT = re.compile(r"llama_context: +(n_ctx|n_batch|n_ubatch) += (\d+)")
 
 def server_log_settings(lines: Iterable[str]) -> dict[str, Any]:
     """What llama-server's log says of its flags: slots, per-slot context, shared KV (its start-up
-    line), and n_ctx/n_batch/n_ubatch where libllama's context lines are in it. The last start wins."""
+    line), and n_ctx/n_batch/n_ubatch where libllama's context lines are in it; the RAM cache's
+    flags where the log opens with the command line slotwise's testbed writes (`# slotwise: …`;
+    llama-server itself does not log them). The last start wins."""
     found: dict[str, Any] = {}
     for line in lines:
-        if (m := _STARTUP.search(line)) is not None:
+        if line.startswith(COMMAND_LINE):
+            found.update(_cache_flags(line[len(COMMAND_LINE):].split()))
+        elif (m := _STARTUP.search(line)) is not None:
             slots, per_slot, unified = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
             found.update(parallel=slots, kv_unified=unified,
                          ctx=per_slot if unified else per_slot * slots)
         elif (m := _CONTEXT.search(line)) is not None:
             found[{"n_ctx": "ctx"}.get(m.group(1), m.group(1))] = int(m.group(2))
+    return found
+
+
+def _cache_flags(argv: Sequence[str]) -> dict[str, Any]:
+    """The RAM prompt cache's flags in a llama-server command line."""
+    found: dict[str, Any] = {}
+    for flag, value in zip(argv, [*argv[1:], ""], strict=True):
+        if flag in ("--cache-idle-slots", "--no-cache-idle-slots"):
+            found["cache_idle_slots"] = flag == "--cache-idle-slots"
+        elif flag in ("-cram", "--cache-ram") and re.fullmatch(r"-?\d+", value):
+            found["cache_ram"] = int(value)
+        elif flag in ("-sps", "--slot-prompt-similarity") and re.fullmatch(r"[\d.]+", value):
+            found["slot_prompt_similarity"] = float(value)
     return found
 
 

@@ -140,13 +140,13 @@ class Slots:
         for slot in self.slots:
             if slot.task is not None and slot.task.cancelled:
                 self.release(slot, now)
-        spent = 0
+        saved = loaded = 0
         while self.queue:
             task = self.queue.popleft()
             if task.cancelled:
                 continue
-            chosen, copied = self._select(task)
-            spent += copied
+            chosen, copies = self._select(task)
+            saved, loaded = saved + copies[0], loaded + copies[1]
             if chosen is None:
                 self.deferred.append(task)
                 continue
@@ -154,18 +154,20 @@ class Slots:
             if self.settings.cache_idle_slots and self.cache.enabled:
                 for idle in self.slots:
                     if idle.phase is Phase.IDLE:
-                        spent += self.cache.save(idle.held)
+                        saved += self.cache.save(idle.held)
                         if self.settings.kv_unified:
                             idle.held = Held()
-        return spent * self.costs.kv_bytes_per_token / (self.costs.copy_gb_s * 1e9) * 1000.0
+        per_token_ms = self.costs.kv_bytes_per_token / 1e6
+        return per_token_ms * (saved / self.costs.save_gb_s + loaded / self.costs.copy_gb_s)
 
-    def _select(self, task: Task) -> tuple[Slot | None, int]:
+    def _select(self, task: Task) -> tuple[Slot | None, tuple[int, int]]:
         """`get_available_slot`: the best similar idle slot, else the least recently used one;
         on the latter (or a similar one that keeps under half its tokens) the RAM cache is used.
-        The least recently used is the slot the recording gave the task, if it is idle."""
+        The least recently used is the slot the recording gave the task, if it is idle. Also the
+        tokens copied into the RAM cache and back."""
         idle = [s for s in self.slots if s.phase is Phase.IDLE]
         if not idle:
-            return None, 0
+            return None, (0, 0)
         chosen, update = None, True
         sps = self.settings.slot_prompt_similarity
         recorded = [s for s in idle if s.id == task.slot]
@@ -181,13 +183,13 @@ class Slots:
         if chosen is None:
             chosen = recorded[0] if recorded else min(reversed(idle),
                                                       key=lambda s: (s.t_last, s.released))
-        copied = 0
+        saved = loaded = 0
         if update and self.cache.enabled:
-            copied += self.cache.save(chosen.held)
+            saved = self.cache.save(chosen.held)
             entry = self.cache.load(chosen.held, task.prompt)
             if entry is not None:
-                chosen.held, copied = entry, copied + entry.n
-        return chosen, copied
+                chosen.held, loaded = entry, entry.n
+        return chosen, (saved, loaded)
 
     def _launch(self, slot: Slot, task: Task) -> None:
         if task.explicit_lora and slot.lora is not None and slot.lora != task.lora:
