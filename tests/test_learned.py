@@ -70,6 +70,17 @@ class TestKeptAcrossARestart:
         fewer = ServerKey(**{**data["server"], "slots": 5})
         assert parse(data, fewer)[1] == "another server (slots was 4, now 5)"
 
+    def test_a_row_by_row_sample_below_the_tiled_price_is_read_back(self) -> None:
+        """A short prompt that took less than the tiled price gives a negative sample (the price
+        is the samples' median, floored at 0): slotwise wrote such files, then refused them at its
+        next start and learned afresh (half of `bench day`'s slotwise days, 2026-12-06)."""
+        policy = taught()
+        batches, narrow = policy.learned()
+        learned = Learned(batches, [-0.51, *narrow], [])
+        back, _ = parse(dump(KEY, learned), KEY)
+        assert back is not None and back.narrow == [-0.51, *narrow]
+        assert back.batches == batches
+
     def test_the_key_waits_for_props(self) -> None:
         assert ServerKey.of(ServerLayout(slots=4, slot_ctx=8192), 2048) is None
         layout = ServerLayout(slots=4, slot_ctx=8192, model="/m/x.gguf", build=None)
@@ -85,7 +96,7 @@ class TestWhatIsNotAFileSlotwiseWrote:
          r"batch_cost\[0\]\[7\]: expected a number, got nan"),
         ({"batch_cost": [[1, 0, 0, 0, 0, 0, 0, 0, 1]]},
          r"batch_cost\[0\]: expected a positive number, got 0"),
-        ({"row_by_row_ms": [-1]}, r"row_by_row_ms\[0\]: expected a non-negative number, got -1"),
+        ({"row_by_row_ms": [-1, "x"]}, r"row_by_row_ms\[1\]: expected a number, got 'x'"),
         ({"replies": [[1.5, True]]}, r"replies\[0\]: expected \[share found 0-1, found whole\]"),
         ({"replies": [[0.5, 1]]}, r"replies\[0\]: expected \[share found 0-1, found whole\]"),
         ({"row_by_row_ms": [1.0] * 2000}, "row_by_row_ms: 2000 entries, at most 1024"),

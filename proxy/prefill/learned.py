@@ -100,7 +100,7 @@ def parse(data: Any, key: ServerKey) -> tuple[Learned | None, str | None]:
         return None, f"another server ({change})"
     batches = [_batch(item, f"batch_cost[{i}]")
                for i, item in enumerate(_list(data, "batch_cost"))]
-    narrow = [_number(item, f"row_by_row_ms[{i}]")
+    narrow = [_finite(item, f"row_by_row_ms[{i}]")  # a sample may be below the tiled price
               for i, item in enumerate(_list(data, "row_by_row_ms"))]
     replies = [_reply(item, f"replies[{i}]") for i, item in enumerate(_list(data, "replies"))]
     return Learned(batches, narrow, replies), None
@@ -115,9 +115,14 @@ def _list(data: Mapping[str, Any], name: str) -> Sequence[Any]:
     return value
 
 
-def _number(value: Any, where: str, positive: bool = False) -> float:
+def _finite(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise LearnedError(f"{where}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _number(value: Any, where: str, positive: bool = False) -> float:
+    value = _finite(value, where)
     if value < 0 or (positive and value <= 0):
         raise LearnedError(f"{where}: expected a {'positive' if positive else 'non-negative'} "
                            f"number, got {value!r}")
