@@ -330,3 +330,67 @@ class TestKeeperRestoreLeft:
         assert store.restoring == {} and store.saving is None
         assert store.restore(block_hashes(ids), "", 1100, 0,
                              [SlotState(id=0, busy=False, tokens=0, task=5)]) is not None
+
+
+class TestKeeperRestoreAfterItsSave:
+    """A request whose conversation is being saved (to make room for another's restore) waits for
+    that save and restores the new file, not an older, shorter one at once (bench day: `dan` came
+    back while his 6,877 tokens were saved for `eve`'s restore, restored yesterday's 6,047 and
+    computed 889 tokens: 6.9 s to his first token). The stand-in server holds the save until the
+    test lets it go: a timing a real llama-server does not show on demand."""
+
+    async def test_it_waits_for_the_save_and_restores_what_it_saved(self, tmp_path: Path) -> None:
+        kv = tmp_path / "kv"
+        kv.mkdir(mode=0o700)
+        dan, eve = list(range(1300)), list(range(100_000, 101_100))
+        slots = [{"id": 0, "is_processing": False, "id_task": 5, "n_prompt_tokens": 1309},
+                 {"id": 1, "is_processing": True, "id_task": 6, "n_prompt_tokens": 300}]
+        save_asked, let_save_go = asyncio.Event(), asyncio.Event()
+        restored: list[tuple[int, str]] = []
+
+        async def read_slots(_: web.Request) -> web.Response:
+            return web.json_response(slots)
+
+        async def action(request: web.Request) -> web.Response:
+            body = await request.json()
+            if request.query["action"] == "save":
+                save_asked.set()
+                await let_save_go.wait()
+                (kv / body["filename"]).write_bytes(b"kv" * 700)
+                return web.json_response({"n_saved": 1309})
+            restored.append((int(request.match_info["slot"]), body["filename"]))
+            return web.json_response({"n_restored": 1024})
+
+        app = web.Application()
+        app.router.add_get("/slots", read_slots)
+        app.router.add_post("/slots/{slot}", action)
+        async with serve_app(app) as url, aiohttp.ClientSession() as session:
+            config = parse_config({"upstream": {"url": url},
+                                   "log": {"timing": str(tmp_path / "timing.jsonl")},
+                                   "keep_kv": {"enabled": True, "dir": str(kv), "min_tokens": 256}})
+            state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
+                               session=session)
+            keeper = Keeper(state, Estimator(state.upstream))
+            store = keeper.store
+            store.set_model("/m.gguf")
+            older = file_name(tuple(block_hashes(dan[:512])), "")
+            for name, prefix in ((older, dan[:512]), (file_name(tuple(block_hashes(eve)), ""), eve)):
+                (kv / name).write_bytes(b"kv" * 500)
+                size, digest, _ = seal(kv / name)
+                store.files[name] = SavedFile(name=name, chain=tuple(block_hashes(prefix)),
+                                              variant="", model="/m.gguf", tokens=len(prefix),
+                                              size=size, saved_at=0.0, last_used=0.0,
+                                              digest=digest)
+            store.on_request_ended(block_hashes(dan), "", 1300, 9, keeper.now())  # in slot 0
+            eve_back = asyncio.create_task(keeper.restore(make_flight("eve", 0.0), eve + [7] * 60))
+            await asyncio.wait_for(save_asked.wait(), 10.0)  # dan's conversation, saved first
+            slots[1] = {"id": 1, "is_processing": False, "id_task": 6, "n_prompt_tokens": 0}
+            dan_back = asyncio.create_task(keeper.restore(make_flight("dan", 0.0), dan + [8] * 60))
+            await asyncio.sleep(0.3)
+            assert restored == []  # dan waits for his save
+            let_save_go.set()
+            await asyncio.wait_for(asyncio.gather(eve_back, dan_back), 10.0)
+            state.timing_log.close()
+        saved = file_name(tuple(block_hashes(dan)), "")
+        assert sorted(restored) == [(0, file_name(tuple(block_hashes(eve)), "")), (1, saved)]
+        assert older not in store.files  # superseded by the longer save

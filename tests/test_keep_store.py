@@ -356,6 +356,16 @@ class TestRule7Restore:
         s.on_saved(save, 709, 500, 2.0, digest="d" * 64)
         assert name in s.files
 
+    def test_a_conversation_being_saved_says_how_much_more_its_save_will_hold(self) -> None:
+        s = with_files(saved_file(1024, seed=5), saved_file(768, seed=2))
+        ended(s, 1300, seed=2)
+        s.on_slots([slot(0, 1309, 4)], 1.0, quiet=False)
+        restore = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 1309, 4)])
+        assert restore is not None and s.displaced_save(restore) is not None
+        assert s.saving_spares(chain(1360, seed=2), "", 1360) == 1280 - 768  # whole blocks
+        assert s.saving_spares(chain(1360, seed=2), "other", 1360) == 0
+        assert s.saving_spares(chain(1360, seed=7), "", 1360) == 0  # another conversation
+
     def test_once_it_is_saved_the_restore_displaces_nothing_and_frees_its_slot_after(self) -> None:
         """The restore goes on, displacing nothing now; restored, its slot is free for the next
         restore (it was not: bench day, a returning user waited 60 s for a slot, none found)."""

@@ -38,7 +38,9 @@ Rules (tests/test_keep_store.py has one class per rule):
    (of at least `min_tokens`) is saved first (`displaced_save`), one save at a time: a save costs a
    stall of about a second, recomputing it tens of seconds (llama-server's own slot choice would
    have copied it to its RAM cache; a restore does not). What it still displaces is counted
-   (`displaced_tokens`): its next turn computes it again.
+   (`displaced_tokens`): its next turn computes it again. A request whose conversation is being
+   saved, holding `min_tokens` more of it than any file, waits for that save to end and restores
+   its file (`saving_spares`).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
    this server: another KV layout, a damaged file) deletes the file; one with no answer after which
@@ -232,6 +234,21 @@ class KeepStore:
         if best is None or not worth_restoring(best[1], cached, prompt_tokens, self.knobs.min_tokens):
             return None
         return best
+
+    def saving_spares(self, chain: Sequence[int], variant: str, prompt_tokens: int) -> int:
+        """Rule 7: how many more of this prompt's tokens the conversation being saved now holds
+        than the best file does (0 when no save runs or it is another conversation's). Its request
+        restores the new file once the save ends, rather than an older one now (bench day: `dan`
+        came back while his 6,877 tokens were being saved to make room for `eve`, restored
+        yesterday's 6,047 instead and computed 889 tokens, 6.9 s to his first token)."""
+        conv = None if self.saving is None else self.conversations.get(self.saving.name)
+        if conv is None or conv.variant != variant or self.saving is None:
+            return 0
+        key = tuple(chain)
+        holds = min(common_blocks(conv.chain, key) * BLOCK_TOKENS, self.saving.tokens,
+                    prompt_tokens - 1)
+        found = self.candidate(chain, variant, prompt_tokens, 0)
+        return max(0, holds - (found[1] if found is not None else 0))
 
     def restore(self, chain: Sequence[int], variant: str, prompt_tokens: int, cached: int,
                 slots: Sequence[SlotState], lora: Lora | None = None,
