@@ -430,6 +430,15 @@ class TestRule10KeptKv:
         assert server.slots[done.slot or 0].held.n == 1000
         assert any(s.held.seq.segs[0][0] == 1 for s in server.slots)  # "a" kept its slot
 
+    def test_of_two_held_conversations_the_smaller_is_displaced(self) -> None:
+        """As the keep store chooses (its rule 7): the conversation saved first is the cheaper."""
+        server = model()  # two slots
+        run(server, [(0.0, task("big", seq(1, 900), 2)), (0.0, task("small", seq(2, 300), 2))])
+        small = seq(2, 300)
+        run(server, [(3.0, task("small2", seq(3, 20, small), 2))])  # the small one is newer now
+        chosen = server.table.restore_slot()
+        assert chosen is not None and chosen.held.common(small) == 300  # not the older big one
+
     def test_restores_queued_at_once_are_chosen_two_slots_and_land_there_after_their_saves(
             self) -> None:
         """The keep store chooses a restore's slot when it decides it (`into`, never one another

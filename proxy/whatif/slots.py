@@ -117,12 +117,13 @@ class Slots:
                      taken: Collection[int] = ()) -> Slot | None:
         """The idle slot a restore of a kept file goes into, as the keep store chooses it (its
         rule 7): none another restore was chosen for (`taken`), an empty one first, then one whose
-        conversation a file holds (`kept`: a file the replay made), then the least recently used;
-        None when there is none."""
+        conversation a file holds (`kept`: a file the replay made), then the one holding the fewest
+        tokens, then the least recently used; None when there is none."""
         idle = [s for s in self.slots if s.phase is Phase.IDLE and s.id not in taken]
         if not idle:
             return None
-        return min(idle, key=lambda s: (s.held.n > 0, not kept(s.held), s.t_last, s.released))
+        return min(idle, key=lambda s: (s.held.n > 0, not kept(s.held), s.held.n, s.t_last,
+                                        s.released))
 
     def restore(self, held: Held, into: int | None = None) -> Slot | None:
         """The server model's rule 10: a kept file into slot `into` if it is idle, else into an
