@@ -350,8 +350,21 @@ class TestRule7Restore:
         first in 0.6-1.0 s while every stream waited; `cho`'s 1,532 in the other idle slot took
         0.18 s to save."""
         s = with_files(saved_file(1024))
+        ended(s, 6870, seed=2)
+        ended(s, 1525, seed=3)
+        s.on_slots([slot(0, 6877, 3), slot(2, 1532, 9)], 1.0, quiet=False)
         restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 6877, 3), slot(2, 1532, 9)])
         assert restore is not None and restore.slot == 2 and restore.displaced == 1532
+
+    def test_a_slot_no_known_conversation_explains_is_displaced_last(self) -> None:
+        """A warm-up's prefix (the store knows none) is for a turn about to come: bench day,
+        `eve`'s restore took the slot of `ann`'s warm-up, 1,856 tokens, and her turn computed
+        2,472 tokens."""
+        s = with_files(saved_file(1024))
+        ended(s, 6870, seed=2)
+        s.on_slots([slot(0, 6877, 3), slot(2, 1856, 9)], 1.0, quiet=False)
+        restore = s.restore(chain(1100), "", 1100, 0, [slot(0, 6877, 3), slot(2, 1856, 9)])
+        assert restore is not None and restore.slot == 0
 
     def test_an_unsaved_conversation_it_would_displace_is_saved_first(self) -> None:
         s = with_files(saved_file(1024, seed=5))

@@ -29,11 +29,13 @@ Rules (tests/test_keep_store.py has one class per rule):
    an idle slot no save or restore is using: one whose KV the request will keep first
    (`keeps_restored_kv`: llama-server clears a slot's cache for a request whose explicit `lora`
    differs from the slot's last one, and for a slot that never had a task; any other is primed
-   first, `prime`), then an empty one, then one whose conversation a file holds, then the one
-   holding the fewest tokens, then the oldest task (the least loss: an unsaved conversation is
-   saved first, a stall of its size for every stream, 0.6-1.0 s for 6,877 tokens on the testbed
-   where the 1,532 of another idle slot took 0.18 s; bench day, whose returning users' next turns
-   then restore it); never one llama-server would give another request in flight by
+   first, `prime`), then an empty one, then one whose conversation a file holds, then of the
+   conversations known in a slot the one holding the fewest tokens, then the oldest task (the
+   least loss: an unsaved conversation is saved first, a stall of its size for every stream,
+   0.6-1.0 s for 6,877 tokens on the testbed where the 1,532 of another idle slot took 0.18 s),
+   a slot whose tokens no known conversation explains last (a warm-up's prefix for a turn about
+   to come, a request not yet placed: bench day, `eve`'s restore took the slot of `ann`'s warm-up,
+   1,856 tokens, and her turn computed 2,472); never one llama-server would give another request in flight by
    its prompt similarity (`wanted`: the slot of its own conversation, most often; restored into, the
    restore would wait there for that request's whole reply: bench day, `eve`'s restore into the slot
    `bob`'s trim piece was sent to took 25.8 s). No such slot: no restore now (the prefill policy's
@@ -267,9 +269,10 @@ class KeepStore:
         idle = [s for s in free if s.id not in wanted]
         if not idle:
             return None
-        saved = {c.slot for c in self.conversations.values() if c.slot is not None and self.saved(c)}
+        placed = {c.slot: c for c in self.conversations.values() if c.slot is not None}
+        saved = {slot for slot, c in placed.items() if self.saved(c)}
         slot = min(idle, key=lambda s: (not keeps_restored_kv(s, lora), s.tokens > 0,
-                                        s.id not in saved, s.tokens,
+                                        s.id not in saved, s.id not in placed, s.tokens,
                                         -1 if s.task is None else s.task))
         decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1],
                                displaced=slot.tokens if slot.id not in saved else 0,

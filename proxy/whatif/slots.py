@@ -118,7 +118,8 @@ class Slots:
         """The idle slot a restore of a kept file goes into, as the keep store chooses it (its
         rule 7): none another restore was chosen for (`taken`), an empty one first, then one whose
         conversation a file holds (`kept`: a file the replay made), then the one holding the fewest
-        tokens, then the least recently used; None when there is none."""
+        tokens, then the least recently used; None when there is none. (The store knows no
+        warm-up's prefix and chooses its slot last; the model does not tell them apart.)"""
         idle = [s for s in self.slots if s.phase is Phase.IDLE and s.id not in taken]
         if not idle:
             return None
