@@ -35,17 +35,17 @@ Rules (tests/test_keep_store.py has one class per rule):
    0.6-1.0 s for 6,877 tokens on the testbed where the 1,532 of another idle slot took 0.18 s),
    a slot whose tokens no known conversation explains last (a warm-up's prefix for a turn about
    to come, a request not yet placed: bench day, `eve`'s restore took the slot of `ann`'s warm-up,
-   1,856 tokens, and her turn computed 2,472); never one llama-server would give another request in flight by
-   its prompt similarity (`wanted`: the slot of its own conversation, most often; restored into, the
-   restore would wait there for that request's whole reply: bench day, `eve`'s restore into the slot
-   `bob`'s trim piece was sent to took 25.8 s). No such slot: no restore now (the prefill policy's
-   rule 14 waits for the next slot to come free). A conversation no file holds in the slot it takes
-   (of at least `min_tokens`) is saved first (`displaced_save`), one save at a time: a save costs a
-   stall of about a second, recomputing it tens of seconds (llama-server's own slot choice would
-   have copied it to its RAM cache; a restore does not). What it still displaces is counted
-   (`displaced_tokens`): its next turn computes it again. A request whose conversation is being
-   saved, holding `min_tokens` more of it than any file, waits for that save to end and restores
-   its file (`saving_spares`).
+   1,856 tokens, and her turn computed 2,472); never one llama-server would give another request
+   in flight by its prompt similarity (`wanted`: the slot of its own conversation, most often;
+   restored into, the restore would wait there for that request's whole reply: bench day, `eve`'s
+   restore into the slot `bob`'s trim piece was sent to took 25.8 s). No such slot: no restore now
+   (the prefill policy's rule 14 waits for the next slot to come free). A conversation no file
+   holds in the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one
+   save at a time: a save costs a stall of about a second, recomputing it tens of seconds
+   (llama-server's own slot choice would have copied it to its RAM cache; a restore does not).
+   What it still displaces is counted (`displaced_tokens`): its next turn computes it again. A
+   request whose conversation is being saved, holding `min_tokens` more of it than any file,
+   waits for that save to end and restores its file (`saving_spares`).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
    this server: another KV layout, a damaged file) deletes the file; one with no answer after which
@@ -246,11 +246,11 @@ class KeepStore:
         restores the new file once the save ends, rather than an older one now (bench day: `dan`
         came back while his 6,877 tokens were being saved to make room for `eve`, restored
         yesterday's 6,047 instead and computed 889 tokens, 6.9 s to his first token)."""
-        conv = None if self.saving is None else self.conversations.get(self.saving.name)
-        if conv is None or conv.variant != variant or self.saving is None:
+        save = self.saving
+        conv = None if save is None else self.conversations.get(save.name)
+        if save is None or conv is None or conv.variant != variant:
             return 0
-        key = tuple(chain)
-        holds = min(common_blocks(conv.chain, key) * BLOCK_TOKENS, self.saving.tokens,
+        holds = min(common_blocks(conv.chain, tuple(chain)) * BLOCK_TOKENS, save.tokens,
                     prompt_tokens - 1)
         found = self.candidate(chain, variant, prompt_tokens, 0)
         return max(0, holds - (found[1] if found is not None else 0))
