@@ -278,6 +278,29 @@ class TestBenchTables:
         assert list(budgets.columns[3].cells) == ["0 of 0", "0 of 2"]
 
 
+def keeper_at(url: str, session: aiohttp.ClientSession, tmp_path: Path,
+              kv: Path) -> tuple[ProxyState, Keeper]:
+    """A Keeper of `kv` (min_tokens 256) talking to the stand-in server at `url`, its model known."""
+    config = parse_config({"upstream": {"url": url},
+                           "log": {"timing": str(tmp_path / "timing.jsonl")},
+                           "keep_kv": {"enabled": True, "dir": str(kv), "min_tokens": 256}})
+    state = ProxyState(config=config, timing_log=TimingLog(config.log.timing), session=session)
+    keeper = Keeper(state, Estimator(state.upstream))
+    keeper.store.set_model("/m.gguf")
+    return state, keeper
+
+
+def kept_file(store: KeepStore, kv: Path, prefix: list[int]) -> str:
+    """A sealed file in `kv` holding `prefix`, in the store's index; its name."""
+    name = file_name(tuple(block_hashes(prefix)), "")
+    (kv / name).write_bytes(b"kv" * 500)
+    size, digest, _ = seal(kv / name)
+    store.files[name] = SavedFile(name=name, chain=tuple(block_hashes(prefix)), variant="",
+                                  model="/m.gguf", tokens=len(prefix), size=size, saved_at=0.0,
+                                  last_used=0.0, digest=digest)
+    return name
+
+
 class TestKeeperRestoreLeft:
     """A restore's caller that leaves (a warm-up ended, a client gone) before the restore is asked
     for: its slot must not stay claimed, or every later restore passes it by while the prefill
@@ -304,20 +327,9 @@ class TestKeeperRestoreLeft:
         kv.mkdir(mode=0o700)
         ids = list(range(1100))
         async with serve_app(app) as url, aiohttp.ClientSession() as session:
-            config = parse_config({"upstream": {"url": url},
-                                   "log": {"timing": str(tmp_path / "timing.jsonl")},
-                                   "keep_kv": {"enabled": True, "dir": str(kv), "min_tokens": 256}})
-            state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
-                               session=session)
-            keeper = Keeper(state, Estimator(state.upstream))
+            state, keeper = keeper_at(url, session, tmp_path, kv)
             store = keeper.store
-            store.set_model("/m.gguf")
-            name = file_name(tuple(block_hashes(ids[:1024])), "")
-            (kv / name).write_bytes(b"kv" * 500)
-            size, digest, _ = seal(kv / name)
-            store.files[name] = SavedFile(name=name, chain=tuple(block_hashes(ids[:1024])),
-                                          variant="", model="/m.gguf", tokens=1024, size=size,
-                                          saved_at=0.0, last_used=0.0, digest=digest)
+            kept_file(store, kv, ids[:1024])
             other = list(range(5000, 5700))  # an unsaved conversation in slot 0: saved first
             store.on_request_ended(block_hashes(other), "", 700, 9, keeper.now())
             restoring = asyncio.create_task(keeper.restore(make_flight("back", 0.0), ids))
@@ -365,22 +377,10 @@ class TestKeeperRestoreAfterItsSave:
         app.router.add_get("/slots", read_slots)
         app.router.add_post("/slots/{slot}", action)
         async with serve_app(app) as url, aiohttp.ClientSession() as session:
-            config = parse_config({"upstream": {"url": url},
-                                   "log": {"timing": str(tmp_path / "timing.jsonl")},
-                                   "keep_kv": {"enabled": True, "dir": str(kv), "min_tokens": 256}})
-            state = ProxyState(config=config, timing_log=TimingLog(config.log.timing),
-                               session=session)
-            keeper = Keeper(state, Estimator(state.upstream))
+            state, keeper = keeper_at(url, session, tmp_path, kv)
             store = keeper.store
-            store.set_model("/m.gguf")
-            older = file_name(tuple(block_hashes(dan[:512])), "")
-            for name, prefix in ((older, dan[:512]), (file_name(tuple(block_hashes(eve)), ""), eve)):
-                (kv / name).write_bytes(b"kv" * 500)
-                size, digest, _ = seal(kv / name)
-                store.files[name] = SavedFile(name=name, chain=tuple(block_hashes(prefix)),
-                                              variant="", model="/m.gguf", tokens=len(prefix),
-                                              size=size, saved_at=0.0, last_used=0.0,
-                                              digest=digest)
+            older = kept_file(store, kv, dan[:512])
+            kept_file(store, kv, eve)
             store.on_request_ended(block_hashes(dan), "", 1300, 9, keeper.now())  # in slot 0
             eve_back = asyncio.create_task(keeper.restore(make_flight("eve", 0.0), eve + [7] * 60))
             await asyncio.wait_for(save_asked.wait(), 10.0)  # dan's conversation, saved first
