@@ -145,6 +145,20 @@ class TestRule1ColdOrNot:
             if first == "Hold":
                 assert p.snapshot().chunking is not None  # fed in pieces
 
+    def test_a_turn_computing_its_prompt_is_stalled_like_one_generating(self) -> None:
+        """bench day: a 645-token translation arrived while a chat turn computed its 52 tokens,
+        was judged beside nobody generating, went whole, and froze that turn's stream 1.2-1.7 s.
+        A turn sent upstream, queued or computing its prompt, counts as a stream to be."""
+        for started in (False, True):
+            p = policy(tps=1000.0, measured=True)
+            assert p.on_arrival("s", 50, 500, 0.0) == [Admit("s", "not cold")]
+            if started:
+                p.on_prefill_started("s", 0.0)
+            decided = p.on_arrival("t", 600, 600, 0.1, background=True)
+            assert decided == [Hold("t", "others generating")], started
+        nobody = policy(tps=1000.0, measured=True)
+        assert nobody.on_arrival("t", 600, 600, 0.0, background=True) == [Admit("t", "not cold")]
+
     def test_a_background_job_keeps_the_streams_promise_whatever_it_costs_it(self) -> None:
         """On a machine whose batches cost 500 ms before their first token (then 1 ms a token),
         600 tokens beside a stream: a chat turn, cold by its stall, finds no piece size that

@@ -54,7 +54,7 @@ class PrefillPolicy:
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`; in `chunk`, while
-        others generate, also one of at least MIN_PIECED_TOKENS whose batch, sent whole, the
+        others generate (or are about to: sent, their own prompt computing), also one of at least MIN_PIECED_TOKENS whose batch, sent whole, the
         measured batch cost predicts would stall them over WHOLE_STALLS × `max_stall_ms`
         (cold.py: a warmed post-summary rest under `cold_tokens` froze every stream 6-7 s in
         `bench day`). A background job (its purpose one of `background_purposes`) is cold by
@@ -462,7 +462,7 @@ class PrefillPolicy:
         by_tokens = req.est_new_tokens >= self._cfg.cold_tokens
         by_stall = (None if self._cfg.mode == "off" or by_tokens
                     else stall_reason(self._cfg, self._cost, req, self._n_batch,
-                                      self._use.decoders(), self._use.cells(), background))
+                                      self._use.streams(), self._use.cells(), background))
         if by_stall is not None and len(self._plans) > self._cfg.max_waiting:
             by_stall = None  # cold by its stall only: sent whole rather than refused
         goes_now = self._cfg.mode == "off" or not (by_tokens or by_stall)

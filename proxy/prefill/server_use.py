@@ -45,6 +45,15 @@ class ServerUse:
         """Requests decoding now (their tokens share every batch)."""
         return sum(1 for r, phase in self.phases.items() if phase is Phase.DECODING and r != besides)
 
+    def streams(self) -> int:
+        """Requests that generate beside the next batch: decoding now, or sent and not yet
+        decoding (each generates once its own prompt is in, and a batch sent meanwhile stalls it
+        as it stalls a decoder). `bench day`: a 645-token translation that arrived while a chat
+        turn computed its 52 tokens was judged beside nobody generating, went whole, and froze
+        that turn's stream 1.2-1.7 s, in each of three runs."""
+        return sum(1 for phase in self.phases.values()
+                   if phase in (Phase.QUEUED, Phase.PREFILLING, Phase.DECODING))
+
     def cells(self, besides: str | None = None) -> int:
         """Cells the requests in flight hold (their prompts; what they generated is not known
         here): on one shared KV every batch pays for them (batch_cost.py)."""
