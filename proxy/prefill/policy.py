@@ -54,8 +54,9 @@ class PrefillPolicy:
 
     Rules (tests/test_policy.py follows them one to one):
      1. A request is cold when its estimated new tokens are >= `cold_tokens`; in `chunk`, while
-        others generate (or are about to: sent, their own prompt computing), also one of at least MIN_PIECED_TOKENS whose batch, sent whole, the
-        measured batch cost predicts would stall them over WHOLE_STALLS × `max_stall_ms`
+        others generate (or are about to: sent, their own prompt computing), also one of at least
+        MIN_PIECED_TOKENS whose batch, sent whole, the measured batch cost predicts would stall
+        them over WHOLE_STALLS × `max_stall_ms`
         (cold.py: a warmed post-summary rest under `cold_tokens` froze every stream 6-7 s in
         `bench day`). A background job (its purpose one of `background_purposes`) is cold by
         its stall already from BACKGROUND_STALLS × `max_stall_ms` and MIN_BACKGROUND_TOKENS new
