@@ -20,13 +20,7 @@ from proxy.prefill.events import FeedPiece
 from proxy.prefill.sizing import TILE_ROWS
 from proxy.report.records import first_pieces, load_timing_log, parse_time, record_to_span
 from proxy.testbed.model import ModelFiles
-from proxy.whatif.calibrate import (
-    SCAN_SHARE,
-    DecodeObs,
-    fit,
-    observations,
-    prompt_obs,
-)
+from proxy.whatif.calibrate import SCAN_SHARE, fit
 from proxy.whatif.check import cold_requests, compare, figures, passed, slowest_short
 from proxy.whatif.costs import (
     Costs,
@@ -40,6 +34,7 @@ from proxy.whatif.gatekeeper import PolicySeam, Send
 from proxy.whatif.keeping import SAVE_MS_PER_TOKEN
 from proxy.whatif.kept import RESTORE_SUFFIX
 from proxy.whatif.modelfile import kv_bytes_per_token
+from proxy.whatif.observe import DecodeObs, observations, prompt_obs
 from proxy.whatif.predict import Inputs, Prediction, predict, same_tasks
 from proxy.whatif.requests import build_workload
 from proxy.whatif.settings import (

@@ -19,20 +19,12 @@ from proxy.record.schema import Record
 from proxy.report.records import COMPLETION_KINDS, RecordLine, first_pieces, record_to_span
 from proxy.report.serverlog import parse_server_log
 from proxy.report.tasks import Task, rebuild_tasks
-from proxy.whatif.calibrate import (
-    Calibration,
-    DecodeObs,
-    PrefillObs,
-    fit,
-    fit_rates,
-    lora_switch_ms,
-    observations,
-    prompt_obs,
-)
+from proxy.whatif.calibrate import Calibration, fit, fit_rates
 from proxy.whatif.copies import save_gb_s
 from proxy.whatif.costs import Costs, CostsFile
 from proxy.whatif.cutsizes import cut_sizes, log_offset, seen_by_task
 from proxy.whatif.kept import kept_bytes_per_token
+from proxy.whatif.observe import DecodeObs, PrefillObs, lora_switch_ms, observations, prompt_obs
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload

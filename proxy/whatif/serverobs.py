@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from proxy.report.records import RecordLine, start_of, timing
 from proxy.report.tasks import Task
-from proxy.whatif.calibrate import DecodeObs, PrefillObs, prompt_obs, union_s
 from proxy.whatif.kvcells import KvCells
+from proxy.whatif.observe import DecodeObs, PrefillObs, prompt_obs, union_s
 from proxy.whatif.settings import ServerSettings
 
 MIN_TASK_PROMPT = 16
