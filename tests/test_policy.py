@@ -174,33 +174,20 @@ class TestRule1ColdOrNot:
         assert pieces == [64] * 8 + [87]
 
     def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
-        """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest hurries
-        in catch-up pieces (pauses of BEHIND_SHARE, not `prefill_share`), the streams' gap still
-        one piece (bench day: sent whole, the rest froze them 0.8-1.1 s, and the waiting turn got
-        the slot no sooner); and one arriving when it would take the last free slot is judged as
-        a chat turn (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: sent
-        whole)."""
+        """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
+        whole; and one arriving when it would take the last free slot is judged as a chat turn
+        (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: sent whole)."""
         p = policy(tps=1000.0, measured=True, slots=3)
         busy(p)
         assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 256)
         assert p.on_piece_done("t", 256, 256.0, 0.3) == []  # its pause
         busy(p, "u", 0.4)  # the last slot
         assert p.on_arrival("x", 100, 100, 0.5) == [Hold("x", "waiting for a free slot (3 of 3 in use)")]
-        decided, done, now, pieces = p.on_tick(1.0), 256, 1.0, list[int]()
-        while decided and isinstance(decided[0], FeedPiece):
-            piece = decided[0].upto_tokens - done
-            pieces.append(piece)
-            done, now = decided[0].upto_tokens, now + piece / 1000.0
-            decided = p.on_piece_done("t", piece, float(piece), now)
-            if not decided:
-                assert p.next_wakeup() == pytest.approx(now + (1 / BEHIND_SHARE - 1) * piece / 1000.0)
-                now = p.next_wakeup() or now
-                decided = p.on_tick(now)
-        assert pieces and max(pieces) <= 256, pieces
-        [sent] = decided
-        assert isinstance(sent, Forward) and sent.reason.startswith(
-            "cold: a background job: sent whole, its 600 new tokens would stall 1 generating for "
-            "~0.6 s (over 2 × max_stall_ms); somebody waits for a slot; ")
+        [sent] = p.on_tick(1.0)
+        assert sent == Forward("t", "cold: a background job: sent whole, its 600 new tokens would "
+                                    "stall 1 generating for ~0.6 s (over 2 × max_stall_ms); somebody "
+                                    "waits for a slot: its rest sent whole after 1 pieces (256 "
+                                    "tokens fed)")
         p = policy(tps=1000.0, measured=True, slots=2)
         busy(p)
         assert p.on_arrival("t", 600, 600, 0.0, background=True) == [Admit("t", "not cold")]

@@ -172,8 +172,8 @@ class ColdPlans:
                     continue
                 held.hold_until = None
                 held.catch_up(f"its hold ended with {server.use.decoders()} generating")
-            if held.background and server.slot_wanted and held.caught_up is None:
-                held.catch_up("somebody waits for a slot")  # rule 1: it hurries, the gap kept
+            if held.background and server.slot_wanted:
+                return held, held.release("somebody waits for a slot: its rest sent whole")
             choice = held.choice = self.choice(server, held)
             if choice.strategy is Strategy.HOLD:
                 if held.rest >= server.cfg.cold_tokens:
@@ -212,12 +212,12 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
+        if held.background:
+            return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:
             why = held.caught_up or (f"behind max_cold_factor ({cfg.max_cold_factor:g}× its time "
                                      "alone)")
             return catch_up_piece(server.cost.cost, situation, knobs, why)
-        if held.background:
-            return background_piece(server.cost.cost, situation, knobs)
         return choose_piece(server.cost.cost, situation, knobs)
 
     def _defer_step(self, server: Server, now: float) -> Release | None:

@@ -63,14 +63,12 @@ class PrefillPolicy:
         tokens: nobody reads it as it comes, and sent whole beside the streams a 600-token
         translation froze them 1.5-1.9 s in `bench day`. While others generate it goes in pieces
         that keep their promise whatever they cost it (the strategy's `background_piece`, pauses
-        at `prefill_share`): never held or bound by `max_cold_factor`. But only while slots are
-        to spare: one that arrives when somebody waits for a slot or it would take the last free
-        one is judged as a chat turn, and once somebody waits for a slot a plan's rest hurries
-        in catch-up pieces (rule 8; whole when no size catches up): its pieces keep a slot for
-        seconds (on `bench day`'s four slots for six clients, translations fed in pieces made the
-        chat turns' slot waits grow, their p90 from 10.4-10.8 to 13.2-14.4 s), but sent whole
-        its rest froze the streams 0.8-1.1 s while the turn waiting got the slot no sooner (the
-        job had its reply still to generate). Any other
+        at `prefill_share`): never held, caught up or bound by `max_cold_factor`. But only while
+        slots are to spare: one that arrives when somebody waits for a slot or it would take the
+        last free one is judged as a chat turn, and a plan's rest goes whole once somebody waits
+        for a slot (its pieces keep a slot for seconds: on `bench day`'s four slots for six
+        clients, translations fed in pieces made the chat turns' slot waits grow, their p90 from
+        10.4-10.8 to 13.2-14.4 s). Any other
         request is admitted at once and never waits behind a cold one (but see rule 12's kept
         slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).

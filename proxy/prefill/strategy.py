@@ -197,10 +197,10 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
 def background_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoice:
     """A background job's way on (the policy's rule 1): pieces that keep the streams' promise,
     whatever they cost the job: rule 4's fitting piece, stretched as rule 4 stretches it; WHOLE
-    only when the rest fits one. Never larger pieces or a hold, which bound the cold request's own
-    time, nor catch-up pieces until somebody waits for its slot (the policy's rule 1): nobody
-    reads a background job as it comes (bench day: translations cold by their stall went whole
-    through rule 8, no size catching up, and froze four streams 1.2-1.8 s)."""
+    only when the rest fits one. Never larger pieces, a hold or catch-up pieces, which bound the
+    cold request's own time: nobody reads a background job as it comes (bench day: translations
+    cold by their stall went whole through rule 8, no size catching up, and froze four streams
+    1.2-1.8 s)."""
     _check(sit, knobs)
     fit = fitting_piece(cost, sit, knobs)
     off = off_outlook(cost, sit, knobs)
