@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from proxy.report.records import InputError, RecordLine, load_timing_log
 from proxy.whatif.check import (
     FIGURES,
@@ -25,6 +27,7 @@ from proxy.whatif.check import (
 from proxy.whatif.costs import KEYS, CostsError, load_costs
 from proxy.whatif.modelfile import kv_bytes_per_token, model_path
 from proxy.whatif.predict import Inputs, Prediction, predict
+from proxy.whatif.seed import LearnedRead
 from proxy.whatif.settings import SERVER_KEYS, SettingsError, load_config_data
 
 
@@ -96,7 +99,23 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     costs = load_costs(args.costs) if args.costs else None
     model = model_path(lines) if lines is not None else None
     return Inputs(records, lines, config, args.recorded, args.sets, costs,
-                  model_kv_bytes=kv_bytes_per_token(model) if model is not None else None)
+                  model_kv_bytes=kv_bytes_per_token(model) if model is not None else None,
+                  learned_file=_learned_file(config))
+
+
+def _learned_file(config: dict[str, Any] | None) -> LearnedRead | None:
+    """The file the recorded config's `prefill.learned_file` names: what slotwise started the
+    day from. Not there or not JSON: the replay says so and goes on without it."""
+    prefill = (config or {}).get("prefill")
+    path = prefill.get("learned_file") if isinstance(prefill, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        return LearnedRead(path, orjson.loads(Path(path).read_bytes()))
+    except OSError as exc:
+        return LearnedRead(path, error=f"cannot be read ({exc.strerror})")
+    except orjson.JSONDecodeError as exc:
+        return LearnedRead(path, error=f"not JSON ({exc})")
 
 
 def _records(path: str) -> list[RecordLine]:

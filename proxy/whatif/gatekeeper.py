@@ -24,6 +24,7 @@ from proxy.prefill.events import (
     Save,
     Sizer,
 )
+from proxy.prefill.learned import Learned
 from proxy.prefill.narrow import MIN_SAMPLES
 from proxy.prefill.policy import PrefillPolicy
 from proxy.record.flight import Phase
@@ -62,11 +63,16 @@ class PolicySeam:
     def start_learned(self, narrow_per_row_kctx_ms: float) -> None:
         """A slotwise with `prefill.learned_file` that ran on this server before starts the day
         knowing its row-by-row price (rule 19): as if it had seen MIN_SAMPLES short batches at the
-        price the calibration found. (Its batch cost starts at the prior: a seed from the model's
-        costs, tried on four `bench day` logs, moved the streams' rate in the day's first seconds
-        both ways.)"""
+        price the calibration found, when the file itself is not at hand (`adopt` when it is).
+        (Its batch cost starts at the prior: a seed from the model's costs, tried on four `bench
+        day` logs, moved the streams' rate in the day's first seconds both ways.)"""
         if self._policy is not None and narrow_per_row_kctx_ms > 0:
             self._policy.adopt_learned([], [narrow_per_row_kctx_ms] * MIN_SAMPLES)
+
+    def adopt(self, learned: Learned) -> None:
+        """The day starts from what the learned file holds, as slotwise's start does."""
+        if self._policy is not None:
+            self._policy.adopt_learned(learned.batches, learned.narrow)
 
     def arrived(self, key: str, est_new: int, est_prompt: int, now: float,
                 restorable: Restorable | None = None, purpose: str | None = None,

@@ -28,6 +28,7 @@ from proxy.whatif.observe import DecodeObs, PrefillObs, lora_switch_ms, observat
 from proxy.whatif.recorded import recorded_config, recorded_server
 from proxy.whatif.replay import Outcome, Replay
 from proxy.whatif.requests import Workload, build_workload
+from proxy.whatif.seed import LearnedRead, Seed, seed
 from proxy.whatif.serverobs import server_obs, used_before
 from proxy.whatif.settings import (
     ServerSettings,
@@ -58,6 +59,8 @@ class Inputs:
     costs_file: CostsFile | None = None
     model_kv_bytes: float | None = None
     """One token's KV in bytes, as the model file the server log names says (modelfile.py)."""
+    learned_file: LearnedRead | None = None
+    """The file the recorded config's `prefill.learned_file` names, as read (seed.py)."""
 
 
 @dataclass
@@ -184,10 +187,14 @@ def predict(inputs: Inputs) -> Prediction:
     cal = calibrate(inputs, recorded.server, tasks)
     workload = reconciled(inputs.records, recorded, cal.costs,
                           used_before(tasks, inputs.records) if tasks else [], cut,
-                          recorded_slots(tasks, inputs.records) if tasks else {})
+                          recorded_slots(tasks, inputs.records) if tasks else {},
+                          seed_of(inputs.learned_file, recorded))
     if whatif.server.parallel != recorded.server.parallel or not same_tasks(whatif, recorded):
         workload.slots = {}  # other slots, or slotwise sends other tasks: the model chooses
-    outcome = Replay(workload, whatif, cal.costs).run()
+    learned = seed_of(inputs.learned_file, whatif)
+    if learned is not None:
+        notes.append(learned.note)
+    outcome = Replay(workload, whatif, cal.costs, seed=learned).run()
     outcome.records = unsized(outcome.records, set(workload.guessed), set(cut))
     lines = sorted([(r.start or "", r.to_json()) for r in outcome.records]
                    + [(str(r.get("start")), _line(r)) for r in (*workload.copied, *outcome.copied)])
@@ -259,14 +266,22 @@ def unpriced_pieces(whatif: Settings, records: Sequence[RecordLine],
             "--costs-out FILE` and give FILE with --costs"]
 
 
+def seed_of(read: LearnedRead | None, settings: Settings) -> Seed | None:
+    """The learned file for the server `settings` play, when their config still names it."""
+    if read is None or settings.config.prefill.learned_file != read.path:
+        return None
+    return seed(read, settings.server.parallel, settings.config.prefill.n_batch)
+
+
 def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
                used: Sequence[int] = (),
                sizes: dict[str, tuple[int, int]] | None = None,
-               slots: dict[str, int] | None = None) -> Workload:
+               slots: dict[str, int] | None = None, learned: Seed | None = None) -> Workload:
     """The workload, with the clients taken to have come back to their history (requests.py)
     checked against a replay of the recorded settings: where that replay finds cached what the
     recording did not, the history was rewritten, not lost. `used`, `slots`: what the server's log
-    shows of its slots (`Workload.used_before`, `Workload.slots`)."""
+    shows of its slots (`Workload.used_before`, `Workload.slots`); `learned`: the learned file the
+    recorded slotwise started from."""
     def built(rewritten: Collection[str]) -> Workload:
         workload = build_workload(records, rewritten=rewritten, sizes=sizes,
                                   kv_bytes_per_token=costs.kv_bytes_per_token)
@@ -276,7 +291,7 @@ def reconciled(records: Sequence[RecordLine], recorded: Settings, costs: Costs,
     workload = built(())
     if not workload.returns:
         return workload
-    found = Replay(workload, recorded, costs, records=False).run().cache_found
+    found = Replay(workload, recorded, costs, records=False, seed=learned).run().cache_found
     rewritten = {j.id for j in workload.jobs if j.shared > j.recorded_cache and
                  found.get(j.id, 0) > j.recorded_cache + max(64, j.prompt_tokens // 10)}
     return built(rewritten) if rewritten else workload

@@ -27,6 +27,7 @@ from proxy.whatif.gatekeeper import Action, PolicySeam, Send
 from proxy.whatif.keeping import Keeping
 from proxy.whatif.loras import LoraPlan, adapters_in, batch_key, explicit
 from proxy.whatif.requests import Job, Workload
+from proxy.whatif.seed import Seed
 from proxy.whatif.server import (
     Failed,
     Finished,
@@ -74,7 +75,8 @@ class Outcome:
 
 class Replay:
     def __init__(self, workload: Workload, settings: Settings, costs: Costs, *,
-                 records: bool = True) -> None:
+                 records: bool = True, seed: Seed | None = None) -> None:
+        """`seed`: the learned file the config names, read for this server (seed.py)."""
         self.work, self.settings, self.costs = workload, settings, costs
         cfg = settings.config
         self.server = ServerModel(settings.server, costs)
@@ -85,14 +87,17 @@ class Replay:
         self.policy = PolicySeam(cfg.prefill, cfg.prefill.n_batch, settings.server.parallel,
                                  shared_kv=settings.server.kv_unified, keep=cfg.keep_kv.enabled,
                                  warm=cfg.warm.enabled and bool(self.warm_plan.jobs))
-        if cfg.prefill.learned_file:  # it started the day with what it had learned before
-            self.policy.start_learned(costs.narrow_per_row_kctx_ms)
         self.loras = LoraPlan(cfg.lora, adapters_in(j.record for j in workload.jobs))
         self.clock = Clock()
         self._live: dict[str, _Live] = {}
         self._by_flight: dict[Flight, _Live] = {}
         self._found: dict[str, int] = {}
         self.replies = ReplyReuse()
+        if seed is not None and seed.learned is not None:  # it started the day from its file
+            self.policy.adopt(seed.learned)
+            self.replies.adopt(seed.learned.replies)
+        elif cfg.prefill.learned_file and not (seed is not None and seed.afresh):
+            self.policy.start_learned(costs.narrow_per_row_kctx_ms)  # the file not at hand
         """How much of a held reply follow-ups found, learned as the real cache model does: rule
         19 trims no turn whose estimate would count on a reply not known to be found whole."""
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
