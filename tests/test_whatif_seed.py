@@ -1,6 +1,5 @@
 """The replayed slotwise starts the day from the learned file its config names, as slotwise does
-(whatif/seed.py): on twelve `bench day` slotwise days replayed, 32 of their 48 figures came within
-±20 % against 27 from the prior (docs/whatif.md)."""
+(whatif/seed.py; its measured effect on `bench day`'s slotwise days is in docs/whatif.md)."""
 
 from __future__ import annotations
 
