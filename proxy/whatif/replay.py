@@ -93,13 +93,13 @@ class Replay:
         self._by_flight: dict[Flight, _Live] = {}
         self._found: dict[str, int] = {}
         self.replies = ReplyReuse()
+        """How much of a held reply follow-ups found, learned as the real cache model does: rule
+        19 trims no turn whose estimate would count on a reply not known to be found whole."""
         if seed is not None and seed.learned is not None:  # it started the day from its file
             self.policy.adopt(seed.learned)
             self.replies.adopt(seed.learned.replies)
         elif cfg.prefill.learned_file and not (seed is not None and seed.afresh):
             self.policy.start_learned(costs.narrow_per_row_kctx_ms)  # the file not at hand
-        """How much of a held reply follow-ups found, learned as the real cache model does: rule
-        19 trims no turn whose estimate would count on a reply not known to be found whole."""
         self.keeping = Keeping(workload, cfg.keep_kv, self.server, self.policy, self.witness,
                                self._apply)
         self._piece_delay_s = costs.piece_ms / 2000.0
