@@ -43,10 +43,12 @@ def seed(read: LearnedRead, slots: int, n_batch: int) -> Seed:
                           "the calibration found")
     server = read.data.get("server") if isinstance(read.data, Mapping) else None
     try:
-        if not isinstance(server, Mapping) or not isinstance(server.get("slot_ctx"), int):
-            raise LearnedError("no server recorded")
-        key = ServerKey(str(server.get("model")), str(server.get("build")), slots,
-                        server["slot_ctx"], n_batch)
+        model, build, slot_ctx = ((server.get("model"), server.get("build"),
+                                   server.get("slot_ctx")) if isinstance(server, Mapping)
+                                  else (None, None, None))
+        if not (isinstance(model, str) and isinstance(build, str) and isinstance(slot_ctx, int)):
+            raise LearnedError("no server recorded (its model, build and slot_ctx)")
+        key = ServerKey(model, build, slots, slot_ctx, n_batch)
         learned, other = parse(read.data, key)
     except LearnedError as exc:
         return Seed(None, f"{where}: not what slotwise writes ({exc}); the policy starts from the "
