@@ -440,13 +440,14 @@ class TestRule7Restore:
         small = s.restore(chain(1100, seed=5), "", 1100, 0, [slot(0, 109, 4)])
         assert small is not None and small.displaced == 109 and s.displaced_save(small) is None
 
-    def test_a_slot_that_keeps_the_requests_lora_kv_first_else_one_primed(self) -> None:
+    def test_an_empty_slot_first_primed_if_need_be_and_of_equal_loss_one_that_keeps_the_kv(
+            self) -> None:
         fixed = ((0, 1.0),)
         never = SlotState(id=0, busy=False, tokens=0, task=None, lora=None)
         other = SlotState(id=1, busy=False, tokens=0, task=3, lora=((0, 0.0),))
-        same = SlotState(id=2, busy=False, tokens=300, task=5, lora=fixed)
+        empty_same = SlotState(id=2, busy=False, tokens=0, task=5, lora=fixed)
         s = with_files(saved_file(1024))
-        first = s.restore(chain(1100), "", 1100, 0, [never, other, same], fixed)
+        first = s.restore(chain(1100), "", 1100, 0, [never, other, empty_same], fixed)
         assert first is not None and first.slot == 2 and not first.prime
         s = with_files(saved_file(1024))
         primed = s.restore(chain(1100), "", 1100, 0, [never, other], fixed)
@@ -454,6 +455,27 @@ class TestRule7Restore:
         s = with_files(saved_file(1024))  # a request that sends no lora keeps any slot's KV
         plain = s.restore(chain(1100), "", 1100, 0, [never], None)
         assert plain is not None and not plain.prime
+
+    def test_a_never_used_slot_is_primed_rather_than_a_conversation_pushed_out(self) -> None:
+        """bench day, `-np 5`: `dan`'s restore took the slot of `cho`'s 676 tokens, which keeps
+        the request's KV, rather than prime a never-used slot; `cho`'s next turn computed 728
+        tokens whole, every stream frozen 0.66 s. A prime is a one-token task."""
+        fixed = ((0, 1.0),)
+        s = with_files(saved_file(1024, seed=5))
+        ended(s, 670, seed=2)
+        chos = SlotState(id=2, busy=False, tokens=676, task=14, lora=fixed)
+        s.on_slots([chos], 1.0, quiet=False)
+        never = SlotState(id=0, busy=False, tokens=0, task=None, lora=None)
+        restore = s.restore(chain(1100, seed=5), "", 1100, 0, [never, chos], fixed)
+        assert restore is not None and restore.slot == 0 and restore.prime
+        assert restore.displaced == 0
+        # with no empty slot, the known conversation of fewest tokens goes, unprimed
+        s = with_files(saved_file(1024, seed=5))
+        ended(s, 670, seed=2)
+        s.on_slots([chos], 1.0, quiet=False)
+        unknown = SlotState(id=3, busy=False, tokens=300, task=9, lora=fixed)
+        pushed = s.restore(chain(1100, seed=5), "", 1100, 0, [unknown, chos], fixed)
+        assert pushed is not None and pushed.slot == 2 and not pushed.prime
 
     def test_what_it_displaces_is_counted_once_restored(self) -> None:
         """A saved conversation's slot displaces nothing (its file holds it); an unsaved one's

@@ -26,19 +26,23 @@ Rules (tests/test_keep_store.py has one class per rule):
    recently used first (`budget.py`); a file larger than the whole budget goes at once.
 7. Restore. A request whose prompt a file of this model and variant covers for at least `MOST` of
    its tokens, sparing at least `min_tokens` more than the estimate finds cached, is restored into
-   an idle slot no save or restore is using: one whose KV the request will keep first
-   (`keeps_restored_kv`: llama-server clears a slot's cache for a request whose explicit `lora`
-   differs from the slot's last one, and for a slot that never had a task; any other is primed
-   first, `prime`), then an empty one, then one whose conversation a file holds, then of the
-   conversations known in a slot the one holding the fewest tokens, then the oldest task (the
-   least loss: an unsaved conversation is saved first, a stall of its size for every stream,
-   0.6-1.0 s for 6,877 tokens on the testbed where the 1,532 of another idle slot took 0.18 s),
-   a slot whose tokens no known conversation explains last (a warm-up's prefix for a turn about
-   to come, a request not yet placed: bench day, `eve`'s restore took the slot of `ann`'s warm-up,
-   1,856 tokens, and her turn computed 2,472); never one llama-server would give another request
-   in flight by its prompt similarity (`wanted`: the slot of its own conversation, most often;
-   restored into, the restore would wait there for that request's whole reply: bench day, `eve`'s
-   restore into the slot `bob`'s trim piece was sent to took 25.8 s). No such slot: no restore now
+   an idle slot no save or restore is using, the one of least loss: an empty one first, then one
+   whose conversation a file holds, then of the conversations known in a slot the one holding the
+   fewest tokens, then the oldest task (an unsaved conversation is saved first, a stall of its
+   size for every stream, 0.6-1.0 s for 6,877 tokens on the testbed where the 1,532 of another
+   idle slot took 0.18 s), a slot whose tokens no known conversation explains last (a warm-up's
+   prefix for a turn about to come, a request not yet placed: bench day, `eve`'s restore took the
+   slot of `ann`'s warm-up, 1,856 tokens, and her turn computed 2,472). Among slots of equal loss,
+   one whose KV the request will keep goes first (`keeps_restored_kv`: llama-server clears a slot's
+   cache for a request whose explicit `lora` differs from the slot's last one, and for a slot that
+   never had a task); any other is primed first (`prime`: a one-token task with the request's
+   `lora`), which costs far less than any conversation pushed out (bench day, `-np 5`: `dan`'s
+   restore took the slot of `cho`'s 676 tokens rather than prime a never-used one, and `cho`'s
+   next turn computed 728 tokens whole, every stream frozen 0.66 s). Never one llama-server would
+   give another request in flight by its prompt similarity (`wanted`: the slot of its own
+   conversation, most often; restored into, the restore would wait there for that request's whole
+   reply: bench day, `eve`'s restore into the slot `bob`'s trim piece was sent to took 25.8 s).
+   No such slot: no restore now
    (the prefill policy's rule 14 waits for the next slot to come free). A conversation no file
    holds in the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one
    save at a time: a save costs a stall of about a second, recomputing it tens of seconds
@@ -271,8 +275,8 @@ class KeepStore:
             return None
         placed = {c.slot: c for c in self.conversations.values() if c.slot is not None}
         saved = {slot for slot, c in placed.items() if self.saved(c)}
-        slot = min(idle, key=lambda s: (not keeps_restored_kv(s, lora), s.tokens > 0,
-                                        s.id not in saved, s.id not in placed, s.tokens,
+        slot = min(idle, key=lambda s: (s.tokens > 0, s.id not in saved, s.id not in placed,
+                                        s.tokens, not keeps_restored_kv(s, lora),
                                         -1 if s.task is None else s.task))
         decision = RestoreInto(slot=slot.id, name=found[0].name, covered=found[1],
                                displaced=slot.tokens if slot.id not in saved else 0,
