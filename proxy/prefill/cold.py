@@ -23,7 +23,8 @@ prompt is a short turn's, and its own first token would pay one pause or more pe
 stall the streams already take from every short turn of the day."""
 BACKGROUND_STALLS = 2.0
 """A background job (`prefill.background_purposes`) is cold from this × `max_stall_ms` (the
-streams' longest gap `chunk` promises)..."""
+streams' longest gap `chunk` promises): nobody reads it as it comes, and sent whole beside the
+streams a 600-token translation froze them 1.5-1.9 s in `bench day`..."""
 MIN_BACKGROUND_TOKENS = 128
 """...and this many new tokens (two pieces of the smallest size)."""
 

@@ -34,7 +34,9 @@ class Arrived:
     (`Estimate.guessed_tokens`): a trim (rule 19) is only as good as the estimate."""
     ramp_from: int = 0
     """The largest piece a warm-up of its conversation computed of its prompt (0: none): its own
-    pieces ramp up from there as from one of their own (rule 15)."""
+    pieces ramp up from there as from one of their own (rule 15; bench day: `ann-5`'s rest after
+    her warm-up's pieces of 512-640 tokens went in pieces of 64, 128 and 256, 3.2 s to her first
+    token)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ class Load:
     no_slot: bool = False
     """Every slot of llama-server is taken (the policy's rule 12 counts them): a piece sent now
     would wait in the server's queue and then take the next slot to come free, before the
-    requests held for one."""
+    requests held for one (bench day: `ann`'s warm-up piece sent as a held turn took the last
+    slot, waited 4.8 s in llama-server's queue)."""
     decoders: int = 0
     cells: int = 0
     """Cells the requests in flight hold (their prompts), for the batch cost."""

@@ -30,12 +30,17 @@ class HeldRequest:
     """`chunk`: how the batch cost said it should go on, last time it was asked."""
     behind: bool = False
     """`chunk`: it has fallen behind `max_cold_factor`: from then on to its end, catch-up pieces
-    with BEHIND_SHARE's short pauses, and it no longer yields to others' prompts (rules 6 and 8)."""
+    with BEHIND_SHARE's short pauses, and it no longer yields to others' prompts (rules 6 and 8).
+    To its end: after a catch-up piece the bound looks met again, but only at that piece size
+    (bench day, `-np 5`: `ann-5` after her summary went 64-token pieces, catch-up, 64 again, 17
+    pieces in all, 6.5 s to her first token, 4.3× her time alone)."""
     hold_until: float | None = None
     """`chunk`: held until then because no piece size helped (the strategy's HOLD)."""
     caught_up: str | None = None
     """`chunk`: why it is no longer held (its hold ended, or its rest is a short turn's work): it
-    goes on behind its bound in the strategy's catch-up pieces (rule 8)."""
+    goes on behind its bound in the strategy's catch-up pieces (rule 8), not whole: sent whole,
+    such a rest stalls every stream for all of it (1,000-1,500 tokens: 2.6 s in `bench
+    contention`, a 2,000-token rest after a hold 8 s in `bench day`, on this CPU)."""
     background: bool = False
     """Rule 1: a background job (its purpose) that found slots to spare: cold by a smaller stall,
     fed in pieces that keep the streams' promise whatever they cost it, never held or caught up.
@@ -49,7 +54,8 @@ class HeldRequest:
     def has_slot(self) -> bool:
         """A piece of it is in flight or was computed: a slot holds its prefix, and the policy
         keeps that slot for it (rule 12), so that a short turn sent meanwhile cannot take the
-        last one and leave it waiting for somebody's whole reply."""
+        last one and leave it waiting for somebody's whole reply (bench day: bob's first turn 18 s
+        behind a translation)."""
         return self.piece_upto is not None or self.pieces_done > 0
 
     def piece_end(self, piece: int) -> int:

@@ -5,7 +5,8 @@ cached tokens again with it is cheaper than its own few.
 
 ggml's CPU flash attention computes fewer than 64 query rows one at a time, each reading its whole
 context: a follow-up turn of 54 new tokens after 3,093 cached took 877 ms on the testbed, where 81
-after 3,070 took 327 (`bench day`). A trim piece, the prompt's first `len - TILE_ROWS` ids, makes
+after 3,070 took 327, and `dan-0`'s 58 tokens after a 6,016-token restore froze every stream 1.8 s
+(`bench day`). A trim piece, the prompt's first `len - TILE_ROWS` ids, makes
 llama-server keep only those of the slot's cells (it computes one token again to answer); the turn
 then computes its last 64 tokens in one tile. On a GPU the learned price stays near zero and
 nothing is trimmed.

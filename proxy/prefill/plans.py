@@ -191,8 +191,9 @@ class ColdPlans:
     def turn(self, server: Server, now: float) -> list[HeldRequest]:
         """Rule 4's order: first the plans that have waited their own time alone since they last
         got a piece (or arrived), the longest overdue first, so that cold requests take turns
-        rather than one waiting for the whole of another stretched out beside the streams; then
-        the fewest tokens left, then the earliest."""
+        rather than one waiting for the whole of another stretched out beside the streams (bench
+        day: the day's two first turns, 1,998 and 1,638 tokens, the second held 12 s behind the
+        first, ~4 s alone); then the fewest tokens left, then the earliest."""
         cost, n_batch = server.cost.cost, server.n_batch
 
         def key(plan: HeldRequest) -> tuple[int, float, float]:

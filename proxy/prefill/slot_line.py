@@ -72,7 +72,8 @@ class SlotLine:
         return self.slots is not None and self.free(taken) <= 0
 
     def claimed(self, now: float, taken: int, new_tokens: int | None = None) -> bool:
-        """Rule 14: a restore runs, or a restored request is landing in its slot (for a request of
+        """Rule 14: a restore runs (bench day: eve's restore, with a translation sent as it
+        started, took 17.8 s), or a restored request is landing in its slot (for a request of
         `new_tokens` more than a tile once its prompt started: `landing`), or a restore waits and
         no slot is free besides."""
         return bool(self.restores.running() or self.landing(now, new_tokens)
@@ -80,9 +81,10 @@ class SlotLine:
 
     def landing(self, now: float, new_tokens: int | None = None) -> bool:
         """A restored request sent holds the others back: until its prompt starts, all (they could
-        take its slot); then, until its first token, a prompt of more than TILE_ROWS new tokens
-        (`new_tokens`; unknown: held), which would share its batch. A short one adds about
-        nothing to that batch and goes."""
+        take its slot: bench day, a translation did, and eve waited 5.7 s more for another); then,
+        until its first token, a prompt of more than TILE_ROWS new tokens (`new_tokens`; unknown:
+        held), which would share its batch. A short one adds about nothing to that batch and
+        goes."""
         for req_id, until in list(self._landing.items()):
             if now >= until:
                 del self._landing[req_id]

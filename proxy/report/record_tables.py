@@ -133,7 +133,7 @@ def _held(values: Sequence[float]) -> tuple[float | None, float | None]:
     return statistics.median(values), max(values)
 
 
-# What `policy_note` says, by kind (the texts come from proxy/prefill/gate.py and policy.py).
+# What `policy_note` says, by kind (the texts come from proxy/prefill/: the gate and the policy).
 # The policy leaves no note for its usual cases ("not cold", mode off).
 NOTE_KINDS = (
     ("released after pieces: the rest fits one piece", False),
