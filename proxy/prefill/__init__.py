@@ -1,7 +1,7 @@
 """Cold-prompt admission: the pure policy, its decision values, piece arithmetic, and the async gate
-that applies the decisions (`gate`, with the estimator and the piece feeder).
+that applies the decisions (`gate`, its `wake_loop`, with the estimator and the piece feeder).
 
-Everything but `gate`, `estimator`, `feeder` and `feature` is pure.
+Everything but `gate`, `wake_loop`, `sharers`, `estimator`, `feeder` and `learned_file` is pure.
 """
 
 from proxy.prefill.events import (

@@ -4,15 +4,14 @@ It estimates each request (whenever a feature needs it: `chunk`, `defer`, or kep
 keeper what a kept file could spare it, tells the pure `PrefillPolicy` what happened (arrivals,
 phase changes from the registry, pieces, restores, clients leaving, ticks) and applies what it
 answers: a future per held request, a task per piece or restore in flight, and the one background
-loop that acts on llama-server's time: it ticks the policy at its next wakeup and gives the warm-ups
-and the keeper's looks and saves their turn (`sharers.py`). The keeper and the warm-ups come in as
-constructor arguments (`hooks.py`).
+loop that acts on llama-server's time (`wake_loop.py`): it ticks the policy at its next wakeup and
+gives the warm-ups and the keeper's looks and saves their turn (`sharers.py`). The keeper and the
+warm-ups come in as constructor arguments (`hooks.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -35,9 +34,10 @@ from proxy.prefill.events import (
 )
 from proxy.prefill.feeder import PieceError, PieceFeeder
 from proxy.prefill.hooks import KeepHook, Restored, WarmHook
-from proxy.prefill.policy import STUCK_PAUSE_S, PrefillPolicy
+from proxy.prefill.policy import PrefillPolicy
 from proxy.prefill.sharers import Sharers
 from proxy.prefill.snapshot import PolicySnapshot
+from proxy.prefill.wake_loop import WakeLoop
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.record.inflight import Registry
 from proxy.record.kind import Kind
@@ -95,9 +95,9 @@ class PrefillGate:
         self._keep = keep
         """What a kept file could spare a request, and its restore when the policy says so; its
         looks at the slots and its saves run in this gate's loop."""
-        self._warned_stuck = False
         self._sharers = Sharers(self._policy, clock, self._wake, self._apply, keep=keep, warm=warm)
         """The warm-ups and the keeper's looks and saves, in this gate's loop."""
+        self._wake_loop = WakeLoop(self._policy, self._sharers, clock, self._wake, self.tick)
 
     @property
     def policy(self) -> PrefillPolicy:
@@ -311,38 +311,8 @@ class PrefillGate:
         self._apply(self._policy.on_tick(self._clock()))
 
     async def run(self) -> None:
-        """The one loop acting on llama-server's time: the warm-ups' turn, the keeper's, then the
-        policy's tick at its next wakeup; any decision applied, a request's phase, a warm piece's
-        end or a look's wakes it."""
-        overdue: float | None = None  # the last wake-up found already past
-        while True:
-            self._wake.clear()
-            sharers_at = self._sharers.tick()
-            wakeup = min((t for t in (self._policy.next_wakeup(), sharers_at) if t is not None),
-                         default=None)
-            delay = None if wakeup is None else wakeup - self._clock()
-            if delay is None or delay > 0:
-                overdue = None
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
-                # comes with a wake-up, and this loop would then never stop.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
-            elif wakeup is not None and wakeup == overdue:  # its tick moved nothing: never spin
-                self._stuck(wakeup)
-                await asyncio.sleep(STUCK_PAUSE_S)
-            else:
-                overdue = wakeup
-                await asyncio.sleep(0)  # never starve the handlers, even when overdue
-            if wakeup is not None and self._clock() >= wakeup:
-                self.tick()
-
-    def _stuck(self, wakeup: float) -> None:
-        if not self._warned_stuck:
-            self._warned_stuck = True
-            log.warning("prefill: a wake-up %.3f s past still asked for after its tick (a policy "
-                        "bug): the loop now waits %g s between such ticks; state: %s",
-                        self._clock() - wakeup, STUCK_PAUSE_S, self._policy.snapshot())
+        """The one loop acting on llama-server's time (wake_loop.py); runs until cancelled."""
+        await self._wake_loop.run()
 
     async def close(self) -> None:
         """Stop the pieces in flight (their connections close; the server cancels them)."""
