@@ -3,7 +3,8 @@
 Pure and synchronous, like the prefill policy: events in, decisions out; every call takes `now`; no
 I/O, no clock, no log. The `Warmer` applies the decisions (feeds the pieces, writes the records) and
 tells the queue what happened. What the real requests are doing comes in as a `Load`, the piece
-size from a `Sizer` (the fitted batch cost, `sizing.py`).
+size from a `Sizer` (the prefill policy's fitted batch cost); when a piece may start and where it
+ends is `pieces.py`'s.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from proxy.prefill.events import Load, Sizer
-from proxy.prefill.sizing import absorb_tail, first_piece_end, next_upto, pause_s
 from proxy.record.outcome import Outcome
+from proxy.warm.pieces import may_start, piece_done, piece_end
 from proxy.warm.prefix import common_prefix, same_conversation
 from proxy.warm.values import (
     CancelWarmPiece,
@@ -115,20 +116,13 @@ class WarmQueue:
         warm = self._next()
         if warm is None or warm.piece_upto is not None or warm.ending is not None:
             return out
-        if (load.cold_held or load.starting or load.no_slot
-                or (load.busy and now < warm.next_piece_at)):
+        if not may_start(warm, load, now):  # rules 5 and 6
             return out
         if warm.restorable and warm.started is None:  # rule 10
             warm.started = now
             warm.piece_upto = min(len(warm.ids), warm.done_upto + warm.restorable)
             return [*out, RestoreKept(warm.id)]
-        remaining = len(warm.ids) - warm.done_upto
-        piece = max(1, sizer.piece(warm.done_upto, remaining, warm.largest_piece, load))
-        end = len(warm.ids)
-        upto = end if warm.done_upto + piece >= end else next_upto(warm.done_upto, piece)
-        if warm.pieces == 0 and not warm.restored:  # rule 11
-            upto = first_piece_end(upto, warm.first_upto, end)
-        warm.piece_upto = absorb_tail(upto, end, leave=0)  # rule 12
+        warm.piece_upto = piece_end(warm, sizer, load)  # rules 6, 11 and 12
         if warm.started is None:
             warm.started = now
         return [*out, Feed(warm.id, warm.piece_upto)]
@@ -138,11 +132,7 @@ class WarmQueue:
         warm = self.warmups.get(warm_id)
         if warm is None or warm.outcome is not None or warm.piece_upto is None:
             return []
-        warm.largest_piece = max(warm.largest_piece or 0, warm.piece_upto - warm.done_upto)
-        warm.done_upto, warm.piece_upto = warm.piece_upto, None
-        warm.pieces += 1
-        warm.computed += max(0, computed)
-        warm.next_piece_at = now + pause_s(batch_ms / 1000.0, knobs.prefill_share)
+        piece_done(warm, warm.piece_upto, computed, batch_ms, knobs.prefill_share, now)
         if warm.ending is not None:
             return self._end(warm, *warm.ending, now)
         if warm.done_upto >= len(warm.ids):
