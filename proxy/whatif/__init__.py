@@ -5,9 +5,10 @@ A discrete-event model of llama-server's slot loop (`server`, with `slots`, `ram
 `calibrate`, `serverobs` from llama-server's log, `modelfile` for one token's KV), the settings
 (`settings`, `recorded`), the logged requests as the model runs them (`prompts`, `requests`,
 `cutsizes`, `slotted`, `loras`, `kept`, `warmjobs`), slotwise's own prefill policy driven by the
-model's clock through one seam (`gatekeeper`), its kept KV and warm-ups (`keeping`, `warming`), and
-the records written by slotwise's own record code (`flights`); `replay` runs them on one `clock`,
-`predict` wires inputs to outputs, `check` compares with a real run, `synth` makes days for the
-tests and the worked example, `cli` is the command. Pure, but for reading the files it is named:
-`cli`, `costs.load_costs`, `settings.load_config_data`, and `modelfile` (a GGUF's header).
+model's clock through one seam (`gatekeeper`) and applied to the requests as the gate applies it
+(`gating`), its kept KV and warm-ups (`keeping`, `warming`), and the records written by slotwise's
+own record code (`flights`); `replay` runs them on one `clock`, `predict` wires inputs to outputs,
+`check` compares with a real run, `synth` makes days for the tests and the worked example, `cli` is
+the command. Pure, but for reading the files it is named: `cli`, `costs.load_costs`,
+`settings.load_config_data`, and `modelfile` (a GGUF's header).
 """
