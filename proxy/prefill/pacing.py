@@ -26,15 +26,19 @@ IDLE_STALL = 4.0
 
 def idle_piece(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
                rest: int) -> int | None:
-    """Rule 7: nobody generates. None: the rest is short, forward it whole; else the next piece,
-    up to IDLE_STALL × `max_stall_ms` (back to back, so somebody who comes back meanwhile, a chat
-    user's next turn, waits for one piece, not for the whole rest)."""
+    """Rule 7: nobody generates. None: the rest is short, or no larger than the piece (one more
+    piece would be all of it), forward it whole; else the next piece, up to IDLE_STALL ×
+    `max_stall_ms` (back to back, so somebody who comes back meanwhile, a chat user's next turn,
+    waits for one piece, not for the whole rest). On a machine seen slow no size fits, and the
+    smallest goes: the one token a last piece leaves (rule 18) got a 64-token piece past the
+    prompt's end, and the feeder failed it (the suite's real-server test under load)."""
     if cost.prompt_ms(rest, held.done_upto, n_batch) <= IDLE_WHOLE * cfg.max_stall_ms:
         return None
     cap = ramp_cap(n_batch, held.largest_piece)
     budget = IDLE_STALL * cfg.max_stall_ms
     fits = [n for n in piece_sizes(cap) if cost.batch_ms(n, held.done_upto) <= budget]
-    return max(fits, default=PIECE_ALIGN)
+    piece = max(fits, default=PIECE_ALIGN)
+    return None if rest <= piece else piece
 
 
 def bound_need(cost: BatchCost, cfg: PrefillConfig, n_batch: int, held: HeldRequest,
