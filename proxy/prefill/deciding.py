@@ -11,6 +11,11 @@ from proxy.prefill.events import Admit, Arrived, Decision, FeedPiece, Forward, H
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.policy_state import PolicyState
 
+NOT_COLD = "not cold"
+MODE_OFF = "prefill.mode off"
+QUIET_REASONS = (NOT_COLD, MODE_OFF)
+"""Admission reasons of the usual case, which the record leaves out of its `policy_note`."""
+
 # ---- arrivals and releases ---------------------------------------------------------------
 
 
@@ -31,8 +36,8 @@ def arrive(st: PolicyState, req: Arrived, now: float) -> list[Decision]:
         return [Hold(req_id, st.line.hold(req, now))]
     if goes_now:
         if cfg.mode == "off":
-            return _admit(st, req, "prefill.mode off", now)
-        return _trim(st, req, now) or _admit(st, req, "not cold", now)
+            return _admit(st, req, MODE_OFF, now)
+        return _trim(st, req, now) or _admit(st, req, NOT_COLD, now)
     idle = not (st.plans or st.use or st.warm_pieces or st.saving)
     if idle and cfg.mode == "defer":
         return _admit(st, req, "cold, nobody generating", now)

@@ -21,6 +21,7 @@ from typing import Any
 
 from proxy.config import PrefillConfig
 from proxy.estimate import Estimate, EstimateError, PromptTooLong
+from proxy.prefill.deciding import QUIET_REASONS
 from proxy.prefill.estimator import Estimator
 from proxy.prefill.events import (
     Admit,
@@ -45,9 +46,6 @@ from proxy.request.endpoints import GENERATING
 from proxy.request.errors import Rejected
 
 log = logging.getLogger("slotwise.prefill")
-
-QUIET_REASONS = ("not cold", "prefill.mode off")
-"""Admission reasons not worth a `policy_note` in the record (the usual case)."""
 
 Release = Admit | Forward | Reject
 """How a request leaves the gate."""

@@ -134,7 +134,7 @@ def _held(values: Sequence[float]) -> tuple[float | None, float | None]:
 
 
 # What `policy_note` says, by kind (the texts come from proxy/prefill/: the gate and the policy).
-# The policy leaves no note for its usual cases ("not cold", mode off).
+# The policy leaves no note for its usual cases (proxy/prefill/deciding.py QUIET_REASONS).
 NOTE_KINDS = (
     ("released after pieces: the rest fits one piece", False),
     ("released after pieces: nobody generating", False),

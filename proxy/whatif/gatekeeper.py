@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config import PrefillConfig
+from proxy.prefill.deciding import MODE_OFF
 from proxy.prefill.events import (
     Admit,
     CancelPiece,
@@ -80,7 +81,7 @@ class PolicySeam:
         """`guessed`: of its cached tokens, a held reply's not known to be found (rule 19);
         `ramp_from`: its warm-ups' largest piece (rule 15)."""
         if self._policy is None:
-            return [Send(key, "prefill.mode off")]
+            return [Send(key, MODE_OFF)]
         return self._actions(self._policy.on_arrival(
             key, est_new, est_prompt, now, restorable,
             background=self._config.is_background(purpose), guessed_tokens=guessed,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.estimate.replies import ReplyReuse
+from proxy.prefill.deciding import QUIET_REASONS
 from proxy.prefill.events import CancelPiece, FeedPiece, Hold, Reject, Restore, Save
 from proxy.record.flight import Flight, Phase, PrefillPlan
 from proxy.whatif.clock import Clock
@@ -21,9 +22,6 @@ from proxy.whatif.requests import Job, Workload
 from proxy.whatif.server import Failed, Finished, FirstToken, LoopDone, ServerModel, Started, TaskHappening
 from proxy.whatif.slots import Task
 from proxy.whatif.warming import Warming
-
-QUIET_REASONS = ("not cold", "prefill.mode off")
-"""Admission reasons the gate leaves out of `policy_note` (proxy/prefill/gate.py)."""
 
 
 @dataclass(eq=False)
