@@ -134,7 +134,8 @@ class TestRule1ColdOrNot:
     def test_a_background_job_goes_in_pieces_from_a_smaller_stall(self) -> None:
         """bench day: a 600-token translation sent whole froze four streams 1.5-1.9 s. At 1,000
         tokens/s it stalls the stream 0.6 s: over 2 × 256.5 ms, so a background job's goes in
-        pieces; a chat turn's (under 512 tokens, or 8 × max_stall_ms) goes whole."""
+        pieces; a chat turn's, within the streams' promise (2 × `max_stall_ms` + 0.1 s), goes
+        whole."""
         for tps, tokens, background, first in ((1000, 600, True, "Hold"), (1000, 600, False, "Admit"),
                                                 (1000, 500, True, "Admit"), (100, 128, True, "Hold"),
                                                 (100, 127, True, "Admit")):
@@ -176,7 +177,8 @@ class TestRule1ColdOrNot:
     def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
         """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
         whole; and one arriving when it would take the last free slot is judged as a chat turn
-        (at this speed 600 tokens stall the stream under 8 × `max_stall_ms`: sent whole)."""
+        (at this speed 600 tokens stall the stream 0.6 s, within the streams' promise of 2 ×
+        `max_stall_ms` + 0.1 s: sent whole)."""
         p = policy(tps=1000.0, measured=True, slots=3)
         busy(p)
         assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 256)
@@ -225,7 +227,7 @@ class TestRule1ColdOrNot:
     def test_the_same_rest_goes_whole_when_nobody_generates_or_it_is_cheap(self) -> None:
         idle = policy(tps=100.0, measured=True)
         assert idle.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
-        fast = policy(tps=1000.0, measured=True)  # 1.2 s whole: under 8 × 256.5 ms
+        fast = policy(tps=5000.0, measured=True)  # 0.24 s whole: under 2 × 256.5 ms
         busy(fast)
         assert fast.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
 
@@ -237,11 +239,28 @@ class TestRule1ColdOrNot:
         assert p.on_arrival("w", 1200, 5000, 0.0) == [Admit("w", "not cold")]
 
     def test_a_short_turn_goes_whole_however_slow_the_machine(self) -> None:
-        """Under 512 new tokens a prompt is a short turn's: pieces would cost its own first token
-        a pause each, for a stall the streams take from every short turn."""
+        """Under MIN_SPLIT_TOKENS (two pieces of the smallest size) there is nothing to split."""
         p = policy(tps=50.0, measured=True)
         busy(p)
-        assert p.on_arrival("t", 500, 6000, 0.0) == [Admit("t", "not cold")]
+        assert p.on_arrival("t", 127, 6000, 0.0) == [Admit("t", "not cold")]
+
+    def test_a_turn_beyond_the_streams_promise_is_split_in_pieces_back_to_back(self) -> None:
+        """bench day, `-np 5`: `ann-5`'s 495-687 tokens left by her warm-up went whole and froze
+        every stream 0.9-1.4 s. Over 2 × `max_stall_ms` + 0.1 s, under 8 × (or 512 tokens), a
+        chat turn goes in pieces back to back: the stream has a token after each, the turn pays
+        no pause; never held or bound by `max_cold_factor`, and its record says why."""
+        p = policy(tps=1000.0, measured=True, max_cold_factor=1.0)
+        busy(p)
+        decided = p.on_arrival("w", 1200, 5000, 0.0)  # 1.2 s whole: over 2 × 256.5 + 100 ms
+        assert decided == [Hold("w", "others generating"), FeedPiece("w", 4288)]
+        assert p.on_piece_done("w", 488, 488.0, 0.5) == [FeedPiece("w", 4800)]  # no pause
+        [sent] = p.on_piece_done("w", 512, 512.0, 1.0)
+        assert sent == Forward("w", "split: sent whole, its 1,200 new tokens would stall 1 "
+                                    "generating for ~1.2 s (over 2 × max_stall_ms + 0.1 s); rest "
+                                    "fits one piece after 2 pieces (4800 tokens fed)")
+        slow = policy(tps=50.0, measured=True)  # 500 tokens: 10 s whole, no fixed part to pay
+        busy(slow)
+        assert kinds(slow.on_arrival("t", 500, 6000, 0.0)) == ["Hold", "FeedPiece"]
 
     def test_cold_by_its_stall_only_is_sent_not_refused_when_the_line_is_full(self) -> None:
         p = policy(tps=100.0, max_waiting=0, measured=True)

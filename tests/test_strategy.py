@@ -23,12 +23,15 @@ from proxy.prefill.outlook import (
     pieces_outlook,
 )
 from proxy.prefill.strategy import (
+    SPLIT_COST,
+    STALL_SLACK,
     STRETCH,
     TARGET_TRADE,
     TRADE_SLACK,
     Strategy,
     catch_up_piece,
     choose_piece,
+    split_piece,
 )
 from tests.test_batch_cost import BUSY, CPU, GPU, fitted
 
@@ -276,6 +279,51 @@ class TestRule8CatchUp:
     def test_whole_when_the_rest_fits_one_piece(self) -> None:
         choice = catch_up_piece(CPU, at(2048, 40), self.BEHIND, "why")
         assert (choice.strategy, choice.reason) == (Strategy.WHOLE, "why; the rest fits one piece")
+
+
+class TestRule9Split:
+    """A chat turn cold by its stall only: its rest in pieces back to back, no pause."""
+
+    def test_the_largest_pieces_within_the_streams_promise_at_a_fair_cost(self) -> None:
+        sit = at(0, 1000, decoders=2)  # a mid-size turn beside two streams
+        choice = split_piece(CPU, sit, KNOBS, "a chat turn")
+        off = off_outlook(CPU, sit, KNOBS)
+        n = choice.piece_tokens
+        assert choice.strategy is Strategy.SPLIT and 64 <= n < 1000
+        assert choice.predicted_piece_ms <= STALL_SLACK * KNOBS.max_stall_ms
+        assert CPU.batch_ms(n + 64, 0, 2) > STALL_SLACK * KNOBS.max_stall_ms
+        back_to_back = pieces_outlook(CPU, n, sit, KNOBS, pauses=False)
+        assert back_to_back.compute_ms <= SPLIT_COST * off.compute_ms
+        assert choice.predicted_piece_ms < off.longest_batch_ms / 2  # the streams wait a piece
+        assert choice.reason.startswith(f"a chat turn; split in {n}-token pieces")
+
+    def test_beyond_the_promise_the_smallest_pieces_it_can_afford(self) -> None:
+        """A fixed part near the promise: pieces within it would cost the turn too much."""
+        heavy = BatchCost(fixed_ms=75.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
+                          per_decoder_ms=0.0)
+        sit = at(0, 1500, decoders=2)
+        choice = split_piece(heavy, sit, KNOBS, "why")
+        off = off_outlook(heavy, sit, KNOBS)
+
+        def took(n: int) -> float:
+            return pieces_outlook(heavy, n, sit, KNOBS, pauses=False).compute_ms
+
+        n = choice.piece_tokens
+        assert choice.strategy is Strategy.SPLIT
+        assert choice.predicted_piece_ms > STALL_SLACK * KNOBS.max_stall_ms
+        assert took(n) <= SPLIT_COST * off.compute_ms < took(n - 64)
+
+    def test_whole_when_no_size_splits_it_at_a_fair_cost(self) -> None:
+        slow = BatchCost(fixed_ms=1500.0, per_token_ms=0.3, per_token_per_kctx_ms=0.0,
+                         per_decoder_ms=0.0)
+        choice = split_piece(slow, at(1216, 700), KNOBS, "why")
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
+        assert choice.reason == ("why; no piece size splits it within 1.1× its time whole: "
+                                 "forwarded whole")
+
+    def test_whole_when_the_rest_fits_one_piece(self) -> None:
+        choice = split_piece(CPU, at(2048, 64), KNOBS, "why")
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
 
 
 class TestOutlook:

@@ -6,7 +6,7 @@ requests held for one, then the cold plans (rules 4-7, 12 and 14). Pure; the pol
 
 from __future__ import annotations
 
-from proxy.prefill.cold import stall_reason
+from proxy.prefill.cold import split_reason, stall_reason
 from proxy.prefill.events import Admit, Arrived, Decision, FeedPiece, Forward, Hold, Reject, Restore
 from proxy.prefill.held import HeldRequest
 from proxy.prefill.policy_state import PolicyState
@@ -27,9 +27,11 @@ def arrive(st: PolicyState, req: Arrived, now: float) -> list[Decision]:
     by_stall = (None if cfg.mode == "off" or by_tokens
                 else stall_reason(cfg, st.cost, req, st.n_batch,
                                   st.use.streams(), st.use.cells(), background))
-    if by_stall is not None and len(st.plans) > cfg.max_waiting:
-        by_stall = None  # cold by its stall only: sent whole rather than refused
-    goes_now = cfg.mode == "off" or not (by_tokens or by_stall)
+    split = (None if cfg.mode == "off" or by_tokens or by_stall or background
+             else split_reason(cfg, st.cost, req, st.n_batch, st.use.streams(), st.use.cells()))
+    if len(st.plans) > cfg.max_waiting:
+        by_stall = split = None  # cold by its stall only: sent whole rather than refused
+    goes_now = cfg.mode == "off" or not (by_tokens or by_stall or split)
     taken = st.taken()
     if (st.line.claimed(now, taken, req.est_new_tokens)
             or (goes_now and st.line.full(taken))):
@@ -49,9 +51,10 @@ def arrive(st: PolicyState, req: Arrived, now: float) -> list[Decision]:
            else "waiting for its turn" if st.plans else "others generating" if st.use
            else "a warm-up's piece in flight" if st.warm_pieces
            else "a save of kept KV in flight")
-    if by_stall is not None:  # the record says why it was cold
-        st.notes[req_id] = st.noted(req_id, by_stall)
-    st.plans.held[req_id] = HeldRequest.for_request(req, cfg.max_hold_s, background)
+    if by_stall or split:  # the record says why it was cold, or split
+        st.notes[req_id] = st.noted(req_id, by_stall or split or "")
+    st.plans.held[req_id] = HeldRequest.for_request(req, cfg.max_hold_s, background,
+                                                    split=split is not None)
     decided = advance(st, now)
     if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
         return decided  # released at once (rule 7: short enough to go whole)

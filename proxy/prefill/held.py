@@ -46,6 +46,10 @@ class HeldRequest:
     fed in pieces that keep the streams' promise whatever they cost it, never held or caught up.
     One that arrived when slots were scarce is judged as a chat turn (`req.background` still
     says its purpose: it lets the chat turns have a free slot first, rule 12)."""
+    split: bool = False
+    """Rule 1: a chat turn cold by its stall only beyond the streams' promise, not beyond
+    WHOLE_STALLS: its rest goes in the strategy's SPLIT pieces back to back (its rule 9), never
+    paused, held, caught up or bound by `max_cold_factor`."""
     waiting_since: float = 0.0
     """When it last got something: its arrival, then the end of each of its pieces (rule 4's
     turn: a plan that has waited its own time alone since then goes before the others)."""
@@ -93,10 +97,11 @@ class HeldRequest:
         return self.rest, self.req.now
 
     @classmethod
-    def for_request(cls, req: Arrived, max_hold_s: float, background: bool) -> HeldRequest:
+    def for_request(cls, req: Arrived, max_hold_s: float, background: bool,
+                    split: bool = False) -> HeldRequest:
         cached = max(0, req.est_prompt_tokens - req.est_new_tokens)
         return cls(req=req, done_upto=cached, deadline=req.now + max_hold_s, background=background,
-                   waiting_since=req.now, largest_piece=req.ramp_from or None)
+                   split=split, waiting_since=req.now, largest_piece=req.ramp_from or None)
 
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and
@@ -107,7 +112,7 @@ class HeldRequest:
             text = f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)"
         choice = self.choice
         if choice is not None and choice.strategy in (Strategy.LARGER_PIECES, Strategy.HOLD,
-                                                      Strategy.CATCH_UP):
+                                                      Strategy.CATCH_UP, Strategy.SPLIT):
             text += f"; {choice.strategy.value}: {choice.reason}"
         return Admit(self.req.req_id, text) if self.pieces_done == 0 else Forward(self.req.req_id,
                                                                                    text)

@@ -23,6 +23,7 @@ from proxy.prefill.strategy import (
     background_piece,
     catch_up_piece,
     choose_piece,
+    split_piece,
 )
 
 Release = tuple[HeldRequest, Admit | Forward]
@@ -119,6 +120,9 @@ class ColdPlans:
         # few, and from those the ramp would start again at a few (bench day: a 2,290-token turn
         # whose prefix llama-server's RAM cache held went in 271 pieces, 265 of one token, 104 s)
         held.largest_piece = max(held.largest_piece or 0, tokens, sent)
+        if held.split:  # rule 1: back to back, the streams' token after each piece their pause
+            self.next_piece_at = now
+            return True
         own, waiting = self._needs(server, held, now)
         share = bound_share(own, server.cfg.prefill_share)  # the fed plan's own (rule 6)
         held.behind = held.behind or share >= 1.0  # once behind, to its end (rule 6)
@@ -213,6 +217,8 @@ class ColdPlans:
                               decoders=server.use.decoders(), cells=server.use.cells(),
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
+        if held.split:
+            return split_piece(server.cost.cost, situation, knobs, "a chat turn")
         if held.background:
             return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:

@@ -57,6 +57,13 @@ tokens (`bench pieces`, `-np 4 -kvu`) 64-token pieces take 186 ms and use the se
 whole prompt's rate, 128-token ones 302 ms at ~7/8."""
 TRADE_KNEE = 0.05
 """Rule 5: a larger piece is worth its longer batch only while it gains more than this in trade."""
+SPLIT_COST = 1.1
+"""Rule 9: a chat turn's pieces back to back may take at most this × its rest sent whole, as the
+batch cost prices them: its user waits for them, and each piece also pays a round trip and a
+batch boundary the price leaves out. The what-if on fifteen recommended-layout `bench day` days:
+at 1.25 the turns split took 0.1-0.4 s longer; at 1.1, 0.08-0.13 s on three, 0.06-0.42 s less on
+two (fewer stalls beside them), while everyone's longest gap fell on seven (1.17 → 0.48 s the
+most) and grew on none."""
 
 
 class Strategy(enum.Enum):
@@ -65,6 +72,7 @@ class Strategy(enum.Enum):
     HOLD = "hold"
     WHOLE = "whole"
     CATCH_UP = "catch_up"
+    SPLIT = "split"
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,10 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
         CATCH_UP pieces: the smallest size whose pieces with BEHIND_SHARE's pauses take at most
         CATCH_UP × the rest whole, so the streams wait one piece at a time rather than the whole
         rest; WHOLE if it fits one or no size does.
+     9. (`split_piece`: the policy asks it alone for a chat turn cold by its stall only.) SPLIT
+        pieces back to back, no pause: the largest size whose batch keeps the streams' promise
+        (STALL_SLACK × `max_stall_ms`), if its pieces take at most SPLIT_COST × the rest whole,
+        else the smallest size whose pieces do; WHOLE if the rest fits that piece or none does.
     """
     _check(sit, knobs)
     fit = fitting_piece(cost, sit, knobs)
@@ -192,6 +204,39 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
     return _whole(off, f"{why}; the rest fits one piece" if sit.remaining_tokens <= PIECE_ALIGN
                   else f"{why}; no piece size catches up within {CATCH_UP:g}× the rest's time "
                        "whole: forwarded whole")
+
+
+def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) -> PieceChoice:
+    """Rule 9: a chat turn under `cold_tokens` whose batch, sent whole, would stall the streams
+    beyond their promise (STALL_SLACK × `max_stall_ms`), but not so long that it is fed like a
+    cold request (the policy's rule 1). Its rest goes in pieces back to back: the streams have a
+    token after each, so they wait one piece, not the whole rest, and the turn pays only each
+    piece's fixed part, no pause (bench day, `-np 5`: `ann-5`'s 495-687 tokens left by her
+    warm-up, sent whole, froze every stream 0.9-1.4 s; `cho-1`'s 728 tokens 0.66 s). The largest
+    size within the promise if its pieces take at most SPLIT_COST × the rest whole, else the
+    smallest size whose pieces do (a gap beyond the promise, shorter than the whole rest's);
+    WHOLE when the rest fits that piece or no size does. `why` starts the reason."""
+    _check(sit, knobs)
+    off = off_outlook(cost, sit, knobs)
+    promise_ms = STALL_SLACK * knobs.max_stall_ms
+    if off.longest_batch_ms <= promise_ms:
+        return _whole(off, "rest fits one piece")
+    affordable = []
+    for n in piece_sizes(sit.piece_cap(knobs.n_batch)):
+        if n >= sit.remaining_tokens:
+            break
+        outlook = pieces_outlook(cost, n, sit, knobs, pauses=False)
+        if outlook.compute_ms <= SPLIT_COST * off.compute_ms:
+            affordable.append((n, outlook, cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)))
+    if not affordable:
+        return _whole(off, f"{why}; no piece size splits it within {SPLIT_COST:g}× its time whole: "
+                           "forwarded whole")
+    kept = [a for a in affordable if a[2] <= promise_ms]
+    n, outlook, n_ms = kept[-1] if kept else affordable[0]
+    slower = outlook.compute_ms / max(off.compute_ms, 1e-9)
+    return _choice(Strategy.SPLIT, n, n_ms, outlook, off,
+                   f"{why}; split in {n}-token pieces (~{_dur(n_ms)} each) back to back, not whole "
+                   f"(~{_dur(off.longest_batch_ms)}): ~{slower:.2f}× its time whole")
 
 
 def background_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoice:
