@@ -261,6 +261,16 @@ class TestRule1ColdOrNot:
         slow = policy(tps=50.0, measured=True)  # 500 tokens: 10 s whole, no fixed part to pay
         busy(slow)
         assert kinds(slow.on_arrival("t", 500, 6000, 0.0)) == ["Hold", "FeedPiece"]
+        cfg = PrefillConfig(mode="chunk", cold_tokens=COLD, max_stall_ms=256.5)
+        fixed = BatchCostModel(BatchCost(fixed_ms=500.0, per_token_ms=1.0,
+                                         per_token_per_kctx_ms=0.0, per_decoder_ms=0.0))
+        fixed.observe_piece(64, 0, 564.0)
+        dear = PrefillPolicy(cfg, cost=fixed)  # every piece pays 0.5 s: no split within 1.1 ×
+        busy(dear)
+        assert dear.on_arrival("w", 600, 600, 0.0) == [Admit(
+            "w", "split: sent whole, its 600 new tokens would stall 1 generating for ~1.1 s (over "
+                 "2 × max_stall_ms + 0.1 s); no piece size splits it within 1.1× its time whole: "
+                 "sent whole")]
 
     def test_cold_by_its_stall_only_is_sent_not_refused_when_the_line_is_full(self) -> None:
         p = policy(tps=100.0, max_waiting=0, measured=True)

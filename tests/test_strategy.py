@@ -286,7 +286,7 @@ class TestRule9Split:
 
     def test_the_largest_pieces_within_the_streams_promise_at_a_fair_cost(self) -> None:
         sit = at(0, 1000, decoders=2)  # a mid-size turn beside two streams
-        choice = split_piece(CPU, sit, KNOBS, "a chat turn")
+        choice = split_piece(CPU, sit, KNOBS)
         off = off_outlook(CPU, sit, KNOBS)
         n = choice.piece_tokens
         assert choice.strategy is Strategy.SPLIT and 64 <= n < 1000
@@ -295,14 +295,14 @@ class TestRule9Split:
         back_to_back = pieces_outlook(CPU, n, sit, KNOBS, pauses=False)
         assert back_to_back.compute_ms <= SPLIT_COST * off.compute_ms
         assert choice.predicted_piece_ms < off.longest_batch_ms / 2  # the streams wait a piece
-        assert choice.reason.startswith(f"a chat turn; split in {n}-token pieces")
+        assert choice.reason.startswith(f"split in {n}-token pieces")
 
     def test_beyond_the_promise_the_smallest_pieces_it_can_afford(self) -> None:
         """A fixed part near the promise: pieces within it would cost the turn too much."""
         heavy = BatchCost(fixed_ms=75.0, per_token_ms=1.0, per_token_per_kctx_ms=0.0,
                           per_decoder_ms=0.0)
         sit = at(0, 1500, decoders=2)
-        choice = split_piece(heavy, sit, KNOBS, "why")
+        choice = split_piece(heavy, sit, KNOBS)
         off = off_outlook(heavy, sit, KNOBS)
 
         def took(n: int) -> float:
@@ -316,13 +316,12 @@ class TestRule9Split:
     def test_whole_when_no_size_splits_it_at_a_fair_cost(self) -> None:
         slow = BatchCost(fixed_ms=1500.0, per_token_ms=0.3, per_token_per_kctx_ms=0.0,
                          per_decoder_ms=0.0)
-        choice = split_piece(slow, at(1216, 700), KNOBS, "why")
+        choice = split_piece(slow, at(1216, 700), KNOBS)
         assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
-        assert choice.reason == ("why; no piece size splits it within 1.1× its time whole: "
-                                 "forwarded whole")
+        assert choice.reason == "no piece size splits it within 1.1× its time whole: sent whole"
 
     def test_whole_when_the_rest_fits_one_piece(self) -> None:
-        choice = split_piece(CPU, at(2048, 64), KNOBS, "why")
+        choice = split_piece(CPU, at(2048, 64), KNOBS)
         assert (choice.strategy, choice.piece_tokens) == (Strategy.WHOLE, 0)
 
 

@@ -107,7 +107,7 @@ class HeldRequest:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and
         why the batch cost chose larger pieces or a hold if it did."""
         if self.pieces_done == 0:
-            text = f"cold, {why}"
+            text = why if self.split else f"cold, {why}"  # split: not cold, its note says why
         else:
             text = f"{why} after {self.pieces_done} pieces ({self.done_upto} tokens fed)"
         choice = self.choice

@@ -218,7 +218,7 @@ class ColdPlans:
                               largest_piece=held.largest_piece,
                               probe=server.cost.needs_probe())
         if held.split:
-            return split_piece(server.cost.cost, situation, knobs, "a chat turn")
+            return split_piece(server.cost.cost, situation, knobs)
         if held.background:
             return background_piece(server.cost.cost, situation, knobs)
         if held.caught_up is not None or held.behind:

@@ -206,7 +206,7 @@ def catch_up_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str)
                        "whole: forwarded whole")
 
 
-def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) -> PieceChoice:
+def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoice:
     """Rule 9: a chat turn under `cold_tokens` whose batch, sent whole, would stall the streams
     beyond their promise (STALL_SLACK × `max_stall_ms`), but not so long that it is fed like a
     cold request (the policy's rule 1). Its rest goes in pieces back to back: the streams have a
@@ -215,7 +215,7 @@ def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) ->
     warm-up, sent whole, froze every stream 0.9-1.4 s; `cho-1`'s 728 tokens 0.66 s). The largest
     size within the promise if its pieces take at most SPLIT_COST × the rest whole, else the
     smallest size whose pieces do (a gap beyond the promise, shorter than the whole rest's);
-    WHOLE when the rest fits that piece or no size does. `why` starts the reason."""
+    WHOLE when the rest fits that piece or no size does."""
     _check(sit, knobs)
     off = off_outlook(cost, sit, knobs)
     promise_ms = STALL_SLACK * knobs.max_stall_ms
@@ -229,13 +229,13 @@ def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs, why: str) ->
         if outlook.compute_ms <= SPLIT_COST * off.compute_ms:
             affordable.append((n, outlook, cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)))
     if not affordable:
-        return _whole(off, f"{why}; no piece size splits it within {SPLIT_COST:g}× its time whole: "
-                           "forwarded whole")
+        return _whole(off, f"no piece size splits it within {SPLIT_COST:g}× its time whole: "
+                           "sent whole")
     kept = [a for a in affordable if a[2] <= promise_ms]
     n, outlook, n_ms = kept[-1] if kept else affordable[0]
     slower = outlook.compute_ms / max(off.compute_ms, 1e-9)
     return _choice(Strategy.SPLIT, n, n_ms, outlook, off,
-                   f"{why}; split in {n}-token pieces (~{_dur(n_ms)} each) back to back, not whole "
+                   f"split in {n}-token pieces (~{_dur(n_ms)} each) back to back, not whole "
                    f"(~{_dur(off.longest_batch_ms)}): ~{slower:.2f}× its time whole")
 
 
