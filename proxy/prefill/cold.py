@@ -59,9 +59,8 @@ def split_reason(cfg: PrefillConfig, model: BatchCostModel, req: Arrived, n_batc
     """Why a chat turn under `cold_tokens`, not cold by its stall (`stall_reason`), goes in pieces
     back to back all the same (the strategy's `split_piece`), or None: sent whole, its batch would
     stall the streams beyond their promise, STALL_SLACK × `max_stall_ms` + SPLIT_SLACK_MS (bench
-    day, `-np 5`:
-    `ann-5`'s 495-687 tokens left by her warm-up froze every stream 0.9-1.4 s, the day's longest
-    gap)."""
+    day, `-np 5`: `ann-5`'s 495-687 tokens left by her warm-up froze every stream 0.9-1.4 s, the
+    day's longest gap)."""
     said = _stalls(cfg, model, req, n_batch, decoders, cells, MIN_SPLIT_TOKENS,
                    STALL_SLACK * cfg.max_stall_ms + SPLIT_SLACK_MS,
                    f"{STALL_SLACK:g} × max_stall_ms + {SPLIT_SLACK_MS / 1000.0:g} s")

@@ -57,7 +57,7 @@ def arrive(st: PolicyState, req: Arrived, now: float) -> list[Decision]:
                                                     split=split is not None)
     decided = advance(st, now)
     if decided and isinstance(decided[0], Admit) and decided[0].req_id == req_id:
-        return decided  # released at once (rule 7: short enough to go whole)
+        return decided  # released at once (rule 7: short enough to go whole; a split not paying)
     return [Hold(req_id, why), *decided]
 
 

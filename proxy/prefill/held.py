@@ -47,9 +47,9 @@ class HeldRequest:
     One that arrived when slots were scarce is judged as a chat turn (`req.background` still
     says its purpose: it lets the chat turns have a free slot first, rule 12)."""
     split: bool = False
-    """Rule 1: a chat turn cold by its stall only beyond the streams' promise, not beyond
-    WHOLE_STALLS: its rest goes in the strategy's SPLIT pieces back to back (its rule 9), never
-    paused, held, caught up or bound by `max_cold_factor`."""
+    """Rule 1: a chat turn, not cold, whose batch sent whole would stall the streams beyond their
+    promise (`split_reason`): its rest goes in the strategy's SPLIT pieces back to back (its rule
+    9), never paused, held, caught up or bound by `max_cold_factor`."""
     waiting_since: float = 0.0
     """When it last got something: its arrival, then the end of each of its pieces (rule 4's
     turn: a plan that has waited its own time alone since then goes before the others)."""
