@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -123,6 +123,9 @@ class FakeKeeper:
         future: asyncio.Future[Restored] = asyncio.get_running_loop().create_future()
         self.pending.append(future)
         return await future
+
+    def warmed(self, ids: Sequence[int]) -> None:
+        """The rig's warm-ups are fakes: no prefix of theirs is in any slot."""
 
     def restored(self, new_tokens: int = 100) -> None:
         self.pending.pop(0).set_result(Restored(Estimate(6000, new_tokens), None, done=True))

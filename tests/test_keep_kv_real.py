@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from proxy.keep.index import INDEX_NAME, load_index, quarantined, seal, write_index
+from proxy.keep.keeper import KEEPER
 from proxy.runner import ProxyThread
 from proxy.testbed.model import ModelFiles
 from proxy.testbed.server import LlamaServer
@@ -188,6 +189,31 @@ def test_a_warm_up_of_a_returning_conversation_restores_its_file(
     after = ask(proxy, turn(talk, "second"))
     assert after["restored_tokens"] == 0  # in a slot already
     assert after["timings"]["prompt_n"] < 100 and after["timings"]["cache_n"] >= cold["prompt_tokens"] - 64
+
+
+def test_a_warm_up_prefix_is_seen_in_its_slot_so_no_restore_takes_it_from_its_turn(
+        start_llama_server: StartLlamaServer, start_proxy: StartProxy, save_dir: Path) -> None:
+    """The keep store finds a warm-up's prefix where llama-server shows it (an idle slot
+    holding exactly its tokens) and lets it go when its turn takes that slot: what rule 7 needs to
+    keep a restore out of the slot a waiting turn's warm-up filled (tests/test_keep_store.py)."""
+    server = start_llama_server(lora=False, args=server_args(save_dir))
+    proxy = start_proxy(server.url, prefill=PREFILL, keep_kv=keep(save_dir), warm={"enabled": True})
+    wait_for(lambda: status(proxy)["working"] is True)
+    store = proxy.app[KEEPER].store
+    talk = history(5, 13)
+    asked = call("POST", proxy.url + "/slotwise/warm/v1/chat/completions", {"messages": talk})
+    assert asked.status_code == 202, asked.content[:300]
+    warm_id = asked.json()["id"]
+    wait_for(lambda: any(r["id"] == warm_id for r in read_records(proxy)))
+    [warmed] = [r for r in read_records(proxy) if r["id"] == warm_id]
+    assert warmed["outcome"] == "done" and warmed["fed_tokens"] > 256, warmed
+    wait_for(lambda: bool(store.warm_in))
+    [(slot_id, prefix)] = list(store.warm_in.items())
+    shown = call("GET", server.url + "/slots").json()
+    assert [s["n_prompt_tokens"] for s in shown if s["id"] == slot_id] == [prefix.tokens]
+    after = ask(proxy, turn(talk, "next"))
+    assert after["timings"]["cache_n"] >= prefix.tokens - 64  # its turn found it there
+    wait_for(lambda: not store.warm_in)
 
 
 def test_each_returning_conversation_in_turn_takes_the_one_slot_and_saves_the_other_first(

@@ -160,6 +160,26 @@ class TestRule2Placement:
         s.on_slots([slot(0, 1005, 3)], PLACE_WITHIN_S + 2, quiet=False)
         assert s.conversations[name].slot is None and not s.conversations[name].placing
 
+    def test_a_warm_up_prefix_is_in_the_slot_holding_its_tokens_until_that_slot_changes(
+            self) -> None:
+        s = store()
+        s.on_warm_piece(chain(1024, seed=3), 1024, 1.0)
+        s.on_warm_piece(chain(1408, seed=3), 1408, 1.2)  # its next piece, in the same slot
+        s.on_slots([slot(0, 700, 2), slot(1, 1408, 6)], 1.5, quiet=False)
+        assert {k: v.chain for k, v in s.warm_in.items()} == {1: chain(1408, seed=3)}
+        assert s.conversations == {}  # no conversation: nothing of it is ever saved
+        s.on_slots([slot(0, 700, 2), slot(1, 1408, 6)], 900.0, quiet=True)
+        assert 1 in s.warm_in and s.saving is None
+        s.on_slots([slot(0, 700, 2), slot(1, 1408, 7, busy=True)], 901.0, quiet=False)
+        assert s.warm_in == {}  # its turn (or anything else) went there
+
+    def test_a_warm_up_prefix_no_slot_shows_is_given_up(self) -> None:
+        s = store()
+        s.on_warm_piece(chain(1408, seed=3), 1408, 1.0)
+        s.on_slots([slot(0, 700, 2)], 1.5, quiet=False)  # not read yet, or already gone
+        s.on_slots([slot(0, 1408, 2)], PLACE_WITHIN_S + 2, quiet=False)
+        assert s.warm_in == {}
+
     def test_read_slots_takes_what_the_server_answers(self) -> None:
         body = [{"id": 0, "is_processing": False},
                 {"id": 1, "is_processing": True, "n_prompt_tokens": 12, "id_task": 4},
@@ -429,6 +449,20 @@ class TestRule7Restore:
         other = (chain(1960, seed=9, start=128), 1960)
         assert bobs_store(*alone).restore(chain(4130, seed=5), "", 4130, 0, alone,
                                           others=[other]) is not None
+
+    def test_never_into_the_slot_of_a_warm_up_prefix_a_request_in_flight_continues(self) -> None:
+        """bench day: `eve`'s restore took the one idle slot, where `ann`'s warm-up had just
+        computed 1,400 tokens for the turn she sent 70 ms before; that turn computed 2,472 tokens
+        (6.0 s to its first token). With no request continuing it, the slot is still taken,
+        last (a slot no known conversation explains)."""
+        s = with_files(saved_file(4096, seed=5))
+        s.on_warm_piece(chain(1408, seed=3), 1408, 1.0)
+        slots = [slot(0, 1408, 6), slot(1, 3000, 7, busy=True)]
+        s.on_slots(slots, 1.1, quiet=False)
+        anns_turn = (chain(2500, seed=3), 2500)
+        assert s.restore(chain(4130, seed=5), "", 4130, 0, slots, others=[anns_turn]) is None
+        restore = s.restore(chain(4130, seed=5), "", 4130, 0, slots)
+        assert restore is not None and restore.slot == 0
 
     def test_nothing_to_save_first_in_an_empty_slot_or_under_min_tokens(self) -> None:
         s = with_files(saved_file(1024, seed=5))

@@ -175,6 +175,11 @@ class Keeper:
         return est, Restorable(tokens=covered - est.cached_tokens, restore_ms=restore_ms,
                                max_wait_s=self.store.knobs.max_wait_s)
 
+    def warmed(self, ids: Sequence[int]) -> None:
+        if self.working and ids:
+            self.store.on_warm_piece(tuple(block_hashes(ids)), len(ids), self._wall())
+            self._wants_a_look()  # placed while its slot still shows it
+
     async def restore(self, flight: Flight, ids: list[int]) -> Restored:
         """Restore this request's file into an idle slot now (the scheduler counted one free)."""
         try:

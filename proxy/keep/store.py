@@ -10,7 +10,10 @@ Rules (tests/test_keep_store.py has one class per rule):
 2. Placement. At each read of `/slots`, a conversation being placed goes to the idle slot that holds
    between its prompt and its prompt + generated tokens (the newest task among several); one placed
    earlier whose slot shows another task or token count left it (RAM). One not found within
-   `PLACE_WITHIN_S` left its slot too.
+   `PLACE_WITHIN_S` left its slot too. A warm-up's prefix is placed the same way, in the idle slot
+   holding exactly its tokens, and is there until that slot shows another task or token count. It
+   is no conversation (never saved, never a file, a slot no known conversation explains for rule
+   7), but rule 7's `wanted` sees it.
 3. Restart. A slot whose task went back, or vanished, means llama-server restarted: no conversation
    is in a slot or its RAM cache any more (those without a file are forgotten), and the cache model
    must forget (ForgetCache); those that ended since the last read ran on the restarted server,
@@ -41,7 +44,10 @@ Rules (tests/test_keep_store.py has one class per rule):
    next turn computed 728 tokens whole, every stream frozen 0.66 s). Never one llama-server would
    give another request in flight by its prompt similarity (`wanted`: the slot of its own
    conversation, most often; restored into, the restore would wait there for that request's whole
-   reply: bench day, `eve`'s restore into the slot `bob`'s trim piece was sent to took 25.8 s).
+   reply: bench day, `eve`'s restore into the slot `bob`'s trim piece was sent to took 25.8 s), nor
+   the slot of a warm-up's prefix a request in flight continues (bench day, `eve`'s restore took
+   the one idle slot, where `ann`'s warm-up had just computed 1,400 tokens for the turn she had
+   sent 70 ms before, and that turn computed 2,472 tokens: 6.0 s to its first token).
    No such slot: no restore now
    (the prefill policy's rule 14 waits for the next slot to come free). A conversation no file
    holds in the slot it takes (of at least `min_tokens`) is saved first (`displaced_save`), one
@@ -83,6 +89,7 @@ from proxy.keep.values import (
     SavedFile,
     SaveSlot,
     SlotState,
+    WarmPrefix,
     Where,
     file_name,
     keeps_restored_kv,
@@ -107,6 +114,9 @@ class KeepStore:
         self.displaced_tokens = 0
         """Tokens of unsaved conversations that restores pushed out of their slots (rule 7)."""
         self._tasks: dict[int, int | None] = {}  # each slot's task at the last read (rule 3)
+        self._warm_placing: list[WarmPrefix] = []
+        self.warm_in: dict[int, WarmPrefix] = {}
+        """The warm-up prefix each slot holds (rule 2), by slot id."""
 
     # ---- rule 1 ----------------------------------------------------------------------------------
 
@@ -122,6 +132,13 @@ class KeepStore:
             lo=prompt_tokens, hi=prompt_tokens + max(0, generated))
         self._forget_old()
 
+    def on_warm_piece(self, chain: Sequence[int], tokens: int, now: float) -> None:
+        """Rule 2: a warm-up's piece ended; its prefix of `tokens` is in a slot now."""
+        if chain:
+            key = tuple(chain)
+            self._warm_placing = [p for p in self._warm_placing if key[:len(p.chain)] != p.chain]
+            self._warm_placing.append(WarmPrefix(key, tokens, now))
+
     # ---- rules 2, 3, 4 ---------------------------------------------------------------------------
 
     def on_slots(self, slots: Sequence[SlotState], now: float, *, quiet: bool) -> list[KeepDecision]:
@@ -129,6 +146,7 @@ class KeepStore:
         decisions: list[KeepDecision] = []
         if self._restarted(slots):
             decisions.append(ForgetCache())
+            self.warm_in.clear()
             for conv in list(self.conversations.values()):
                 if conv.placing:  # it ended since the last read: it ran on the server as it is now
                     continue
@@ -141,6 +159,7 @@ class KeepStore:
             if conv.slot is not None and not _unchanged(conv, by_id.get(conv.slot)):
                 self._leave(conv)
         self._place(slots, now)
+        self._place_warm(slots, now)
         if quiet and self.saving is None:
             save = self._next_save(by_id, now)
             if save is not None:
@@ -168,6 +187,24 @@ class KeepStore:
                 taken.add(slot.id)
             elif now - conv.ended > PLACE_WITHIN_S:
                 conv.placing = False
+
+    def _place_warm(self, slots: Sequence[SlotState], now: float) -> None:
+        by_id = {s.id: s for s in slots}
+        for slot_id, prefix in list(self.warm_in.items()):
+            s = by_id.get(slot_id)
+            if s is None or s.busy or s.task != prefix.task or s.tokens != prefix.tokens:
+                del self.warm_in[slot_id]
+        known = {c.slot for c in self.conversations.values() if c.slot is not None}
+        placing = [p for p in self._warm_placing if now - p.ended <= PLACE_WITHIN_S]
+        self._warm_placing = []
+        for prefix in reversed(placing):  # the newest first: a later piece of it supersedes
+            fits = [s for s in slots if not s.busy and s.tokens == prefix.tokens
+                    and s.id not in known and s.id not in self.warm_in]
+            if fits:
+                slot = max(fits, key=lambda s: -1 if s.task is None else s.task)
+                self.warm_in[slot.id] = replace(prefix, task=slot.task)
+            else:
+                self._warm_placing.insert(0, prefix)
 
     def _next_save(self, slots: dict[int, SlotState], now: float) -> SaveSlot | None:
         due: list[tuple[float, int, Conversation]] = []
@@ -286,10 +323,12 @@ class KeepStore:
 
     def wanted(self, requests: Iterable[tuple[Sequence[int], int]], idle: Sequence[int]) -> set[int]:
         """Rule 7: of the `idle` slots, those llama-server would give one of `requests` (chain,
-        prompt tokens) by its prompt similarity: the slot whose conversation shares the longest
-        prefix with it, if that is at least SLOT_SIMILARITY of its prompt (llama-server's
+        prompt tokens) by its prompt similarity: the slot whose conversation (or warm-up prefix)
+        shares the longest prefix with it, if that is at least SLOT_SIMILARITY of its prompt (llama-server's
         `--slot-prompt-similarity`, 0.1 by default)."""
         held = [(slot, conv.chain) for slot in idle if (conv := self.in_slot(slot)) is not None]
+        held += [(slot, self.warm_in[slot].chain) for slot in idle
+                 if slot in self.warm_in and self.in_slot(slot) is None]
         wanted = set()
         for chain, tokens in requests:
             best = max(((common_blocks(c, chain), slot) for slot, c in held), default=(0, -1))

@@ -69,6 +69,19 @@ class SlotState:
     before its first task."""
 
 
+@dataclass(frozen=True)
+class WarmPrefix:
+    """What a warm-up's piece left in a slot (the store's rule 2)."""
+
+    chain: tuple[int, ...]
+    """The prefix's block-hash chain."""
+    tokens: int
+    ended: float
+    """When its piece ended (wall clock seconds)."""
+    task: int | None = None
+    """The task of the slot it was placed in (None: not placed yet)."""
+
+
 Lora = tuple[tuple[int, float], ...]
 """LoRA settings as (adapter id, scale) pairs, sorted: comparable across requests and slots."""
 

@@ -6,6 +6,7 @@ ticks the warm-up queue, and it runs the keeper's looks at the slots and the sav
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +48,11 @@ class KeepHook(Protocol[SaveT]):
 
     async def restore(self, flight: Flight, ids: list[int]) -> Restored:
         """Restore its file into an idle slot now; never raises."""
+        ...
+
+    def warmed(self, ids: Sequence[int]) -> None:
+        """A warm-up's piece left this prefix in a slot: no restore takes that slot from the
+        request that continues it."""
         ...
 
     def next_look_in(self, quiet: bool) -> float | None:

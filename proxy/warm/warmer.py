@@ -225,6 +225,8 @@ class Warmer:
             self._wake.set()
         now = flight.timer.prefill_done = self._clock()
         self._estimator.learn(warm.ids[:upto], result.cache_n)
+        if self._keep is not None:  # no restore takes the slot from the turn that continues it
+            self._keep.warmed(warm.ids[:upto])
         self._done.append((result.prompt_n, result.cache_n, result.batch_ms))
         self._apply(self.queue.on_piece_done(warm_id, result.prompt_n, result.batch_ms,
                                              self.knobs(), now))

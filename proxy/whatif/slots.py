@@ -118,8 +118,9 @@ class Slots:
         """The idle slot a restore of a kept file goes into, as the keep store chooses it (its
         rule 7): none another restore was chosen for (`taken`), an empty one first, then one whose
         conversation a file holds (`kept`: a file the replay made), then the one holding the fewest
-        tokens, then the least recently used; None when there is none. (The store knows no
-        warm-up's prefix and chooses its slot last; the model does not tell them apart.)"""
+        tokens, then the least recently used; None when there is none. (The store also passes
+        over a slot a request in flight would be given, its conversation's or its warm-up's, and
+        chooses a warm-up's slot last; the model does neither.)"""
         idle = [s for s in self.slots if s.phase is Phase.IDLE and s.id not in taken]
         if not idle:
             return None
