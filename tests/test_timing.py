@@ -14,9 +14,29 @@ def test_percentile_is_nearest_rank() -> None:
 
 def test_gaps_between_token_events() -> None:
     times = [0.0, 0.01, 0.02, 0.03, 1.03]
-    gaps = gap_figures(times)
-    assert gaps == {"gap_p50_ms": 10.0, "gap_p95_ms": 1000.0, "gap_max_ms": 1000.0}
-    assert gap_figures([1.0]) == {"gap_p50_ms": None, "gap_p95_ms": None, "gap_max_ms": None}
+    gaps = gap_figures(times, 0.0)
+    assert gaps == {"gap_p50_ms": 10.0, "gap_p95_ms": 1000.0, "gap_max_ms": 1000.0,
+                    "gap_max_at_ms": 30.0}
+    assert gap_figures([1.0], 0.0) == {"gap_p50_ms": None, "gap_p95_ms": None, "gap_max_ms": None,
+                                       "gap_max_at_ms": None}
+
+
+def test_the_longest_gap_is_placed_from_the_arrival_at_the_token_before_it() -> None:
+    timer = RequestTimer(arrived=100.0)
+    timer.on_sent(100.0)
+    timer.on_headers(100.2, prefill_starts=True)
+    for t in (101.0, 101.125, 101.25, 102.0, 102.125, 102.875):  # two 0.75 s gaps: the first counts
+        timer.on_token(t)
+    timer.on_end(102.8)
+    f = timer.figures()
+    assert (f["gap_max_ms"], f["gap_max_at_ms"]) == (750.0, 1250.0)
+
+
+def test_a_stream_of_one_token_event_has_no_longest_gap() -> None:
+    timer = RequestTimer(arrived=0.0)
+    timer.on_token(0.5)
+    timer.on_end(0.6)
+    assert timer.figures()["gap_max_at_ms"] is None
 
 
 def test_worst_window_finds_a_stall_in_a_steady_stream() -> None:

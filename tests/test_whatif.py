@@ -508,6 +508,15 @@ class TestPolicies:
         assert chunk["cold"].pieces > 0 and chunk["cold"].prefill_plan == "chunked"
         assert (chunk["stream"].gap_max_ms or 0) < (off["stream"].gap_max_ms or 0) / 2
 
+    def test_the_streams_longest_gap_is_placed_inside_the_cold_prompts_prefill(self) -> None:
+        """The what-if's records say when the longest gap began, as slotwise's do: sent whole,
+        the cold prompt froze the stream while it was computed."""
+        out = {r.id: r for r in played(loaded(field_scene(cold_tokens=12_000))).outcome.records}
+        stream = out["stream"]
+        (cold,) = stream.overlaps
+        assert stream.gap_max_at_ms is not None and (stream.gap_max_ms or 0) > 1000
+        assert cold.from_ms <= stream.gap_max_at_ms < cold.to_ms
+
     def test_defer_holds_the_cold_prompt_while_the_stream_generates(self) -> None:
         scene = loaded(field_scene(cold_tokens=12_000, stream_tokens=300))
         held = {r.id: r for r in played(scene, "prefill.mode=defer").outcome.records}

@@ -66,6 +66,7 @@ class Record:
     gap_p50_ms: float | None = None
     gap_p95_ms: float | None = None
     gap_max_ms: float | None = None
+    gap_max_at_ms: float | None = None
     worst_3s_rate: float | None = None
     prefill_wait_ms: float | None = None
     prompt_tokens: int | None = None

@@ -1,4 +1,5 @@
-"""The clock readings of one request and the figures made from them (gaps, worst 3-second rate).
+"""The clock readings of one request and the figures made from them (gaps and when the longest
+began, worst 3-second rate).
 
 Pure: every method takes the time as an argument, so tests step time with plain numbers. The record
 itself (the JSON line) is assembled in `record.py`.
@@ -63,7 +64,7 @@ class RequestTimer:
         """The record's timing fields that come from this clock."""
         first = self.tokens[0] if self.tokens else None
         last = self.tokens[-1] if self.tokens else None
-        gaps = gap_figures(self.tokens)
+        gaps = gap_figures(self.tokens, self.arrived)
         return {
             "proxy_ms": self.ms(self.arrived, self.sent),
             "queue_ms": self.ms(self.sent, self.headers),
@@ -77,15 +78,19 @@ class RequestTimer:
         }
 
 
-def gap_figures(times: Sequence[float]) -> dict[str, float | None]:
-    """p50, p95 and max of the gaps between consecutive events, in ms."""
-    gaps = sorted(b - a for a, b in itertools.pairwise(times))
-    if not gaps:
-        return {"gap_p50_ms": None, "gap_p95_ms": None, "gap_max_ms": None}
+def gap_figures(times: Sequence[float], arrived: float) -> dict[str, float | None]:
+    """p50, p95 and max of the gaps between consecutive events, in ms, and when the longest gap
+    began (the earliest of equals), in ms after `arrived`."""
+    pairs = list(itertools.pairwise(times))
+    if not pairs:
+        return {"gap_p50_ms": None, "gap_p95_ms": None, "gap_max_ms": None, "gap_max_at_ms": None}
+    gaps = sorted(b - a for a, b in pairs)
+    longest_from = max(pairs, key=lambda pair: pair[1] - pair[0])[0]
     return {
         "gap_p50_ms": round(percentile(gaps, 50) * 1000.0, 1),
         "gap_p95_ms": round(percentile(gaps, 95) * 1000.0, 1),
         "gap_max_ms": round(gaps[-1] * 1000.0, 1),
+        "gap_max_at_ms": round((longest_from - arrived) * 1000.0, 1),
     }
 
 
