@@ -28,6 +28,8 @@ class Span:
     key: str
     start: float
     end: float
+    kind: str | None = None
+    """The record's `kind` (`chat`, `warm`, `kv_save`, …); None for a server task."""
     prefill_start: float | None = None
     first_token: float | None = None
     prompt_n: int | None = None
@@ -50,6 +52,11 @@ class Span:
     """Canonical text of the LoRA settings forwarded; None when unknown."""
     running_at_start: tuple[str, ...] | None = None
     """Keys of the spans in flight when this one arrived; None = derive from the time axis."""
+    longest_gap_start: float | None = None
+    """When a stream's longest gap between token events began (its record's `gap_max_at_ms`);
+    None with fewer than two token events, or in a log written before the field."""
+    longest_gap_s: float | None = None
+    """How long that gap lasted (`gap_max_ms`): known also where its start is not."""
     segments: tuple[Segment, ...] = ()
     info: tuple[tuple[str, str], ...] = ()
     """Extra figures shown when hovering this span in a timeline."""
@@ -71,6 +78,11 @@ class Span:
         if self.pieces:
             return self.first_piece if self.first_piece is not None else self.start
         return self.prefill_start if self.prefill_start is not None else self.start
+
+    @property
+    def compute_end(self) -> float:
+        """When the server was done computing this prompt: the first token, else the span's end."""
+        return self.first_token if self.first_token is not None else self.end
 
     @property
     def total_s(self) -> float:

@@ -186,12 +186,14 @@ def record_to_span(record: RecordLine, first_piece: Mapping[str, float] | None =
     total = num(record, "total_ms") or 0.0
     inflight = record.get("inflight_at_start")
     prompt_n, cache_n = prompt_split(record)
+    gap_ms, gap_at_ms = num(record, "gap_max_ms"), num(record, "gap_max_at_ms")
     if prompt_n is None and record.get("kind") == "warm":
         prompt_n = 0  # a warm-up computes nothing of its own: its new tokens are its pieces'
     return Span(
         key=str(record.get("id")),
         start=t0,
         end=t0 + total / 1000,
+        kind=_str(record.get("kind")),
         prefill_start=None if wait is None else t0 + wait / 1000,
         first_token=None if ttft is None else t0 + ttft / 1000,
         prompt_n=prompt_n,
@@ -206,6 +208,8 @@ def record_to_span(record: RecordLine, first_piece: Mapping[str, float] | None =
         purpose=_str(record.get("purpose")),
         lora=lora_key(record.get("lora_out")),
         running_at_start=tuple(str(i) for i in inflight) if isinstance(inflight, list) else None,
+        longest_gap_start=None if gap_ms is None or gap_at_ms is None else t0 + gap_at_ms / 1000,
+        longest_gap_s=None if gap_ms is None else gap_ms / 1000,
         segments=tuple(_segments(record, t0)),
         info=_info(record),
     )
@@ -247,6 +251,7 @@ def _info(record: RecordLine) -> tuple[tuple[str, str], ...]:
         "decode_ms",
         "events",
         "gap_max_ms",
+        "gap_max_at_ms",
         "worst_3s_rate",
         "prefill_plan",
         "lora_rewritten",

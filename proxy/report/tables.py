@@ -141,9 +141,8 @@ def contention(span: Span, index: SpanIndex, big_new: int) -> str:
     end = span.first_token if span.first_token is not None else span.end
     others = list(index.active(span.start, end, span.key))
     for other in others:
-        o_end = other.first_token if other.first_token is not None else other.end
         o_start = other.compute_start  # a prompt fed in pieces: from its first piece
-        if (other.new_n or 0) >= big_new and o_start < end and o_end > span.start:
+        if (other.new_n or 0) >= big_new and o_start < end and other.compute_end > span.start:
             return "long"
     return "others" if others else "alone"
 
