@@ -410,6 +410,7 @@ def test_cli_report_text_mentions_every_table_and_the_bad_line(
         "Where the time went",
         "Decode rate",
         "Waits of 1 s",
+        "Streams' stalls of 1 s",
         "Time to first token",
         "Sources of prefills",
         "Estimate accuracy",
@@ -540,6 +541,88 @@ def test_waits_leave_out_a_turn_fed_in_pieces() -> None:
     t = tables.waits_table(spans, index, Thresholds())
     assert table(t)["in all"][0] == 0
     assert t.note.startswith("left out: 1 request(s) fed in pieces")
+
+
+# ---- streams' stalls --------------------------------------------------------------------
+
+
+def stream(id: str, at: float, total: float, gap_at: float, gap: float, **extra: Any) -> dict[str, Any]:
+    """A stream whose longest gap between token events began `gap_at` s after its arrival."""
+    return rec(id, at, total, wait=0.0, prefill=0.5, gap_max_ms=gap * 1000,
+               gap_max_at_ms=gap_at * 1000, **extra)
+
+
+def own_work(id: str, at: float, total: float, kind: str, **extra: Any) -> dict[str, Any]:
+    """A record of slotwise's own (a warm-up, a save or a restore): no prefill, no token."""
+    record = rec(id, at, total, kind=kind, **extra)
+    del record["timings"], record["prefill_wait_ms"], record["ttft_ms"]
+    return record
+
+
+def stalls_log() -> list[dict[str, Any]]:
+    return [
+        # ann froze for 3 s of big's 20 s prefill; peer was decoding then, computing nothing
+        rec("big", 100, 40, wait=0.0, prefill=20, prompt_n=20_000),
+        rec("peer", 50, 90, wait=0.0, prefill=1.0),
+        stream("s1", 90, 60, gap_at=15, gap=3.0, client="ann"),
+        # s2 froze while cold's pieces were computed (cold arrived at 300, first token at 308.1)
+        chunked("cold", 300, 20, wait=8.0, prefill=0.1),
+        stream("s2", 295, 30, gap_at=7, gap=2.0),
+        own_work("w", 500, 10, "warm", fed_tokens=4000, pieces=16),
+        stream("s3", 495, 30, gap_at=8, gap=1.5, client="cho"),
+        own_work("keep-restore", 700, 2, "kv_restore", kv_tokens=24_000),
+        stream("s4", 690, 30, gap_at=10.5, gap=1.2),
+        stream("s5", 900, 30, gap_at=2, gap=1.1),  # nothing else ran
+        stream("s6", 95, 30, gap_at=10, gap=0.8),  # inside big's prefill, under the threshold
+        {k: v for k, v in stream("s7", 1000, 30, gap_at=5, gap=2.5).items() if k != "gap_max_at_ms"},
+    ]
+
+
+def test_stalls_grouped_by_what_was_computed_during_the_longest_gap() -> None:
+    spans, index = spans_of(*stalls_log())
+    t = tables.stalls_table(spans, index, Thresholds())
+    assert t.title == "Streams' stalls of 1 s or more, by what was computed meanwhile"
+    assert table(t) == {
+        "another request's prompt, sent whole": (1, (3.0, 3.0)),
+        "a prompt fed in pieces (chunk)": (1, (2.0, 2.0)),
+        "a warm-up": (1, (1.5, 1.5)),
+        "a kept KV save or restore": (1, (1.2, 1.2)),
+        "nothing seen": (1, (1.1, 1.1)),
+        "in all": (5, (pytest.approx(8.8), 3.0)),
+    }
+    assert t.note == (
+        "longest: ann 3.0 s while big was computed, s2 2.0 s while cold was computed, "
+        "cho 1.5 s while w was computed; left out: 1 stream(s) with a gap of 1 s or more whose "
+        "record has no gap_max_at_ms (written by an older slotwise)")
+
+
+def test_stalls_show_every_row_when_no_stream_stalled() -> None:
+    spans, index = spans_of(rec("a", 0, 10), stream("s", 5, 10, gap_at=2, gap=0.2))
+    t = tables.stalls_table(spans, index, Thresholds())
+    assert [(r.label, r.n) for r in t.rows] == [
+        ("another request's prompt, sent whole", 0), ("a prompt fed in pieces (chunk)", 0),
+        ("a warm-up", 0), ("a kept KV save or restore", 0), ("nothing seen", 0), ("in all", 0)]
+    assert t.note == ""
+
+
+def test_the_stall_is_named_by_what_computed_for_most_of_it() -> None:
+    # s froze from 10 to 14 s: a's prefill covered 10-11, b's 11-14 (its first piece at 11)
+    records = [rec("a", 9, 5, wait=0.0, prefill=2.0), chunked("b", 11, 10, wait=3.0, prefill=0.1),
+               stream("s", 0, 20, gap_at=10, gap=4.0)]
+    spans, index = spans_of(*records)
+    t = tables.stalls_table(spans, index, Thresholds())
+    assert table(t)["a prompt fed in pieces (chunk)"][0] == 1
+    assert t.note == "longest: s 4.0 s while b was computed"
+
+
+def test_cli_min_stall_lists_shorter_stalls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_log(tmp_path / "stalls.jsonl", stalls_log())
+    assert main(["report", "--min-stall", "0.5", str(path)]) == 0
+    out = capsys.readouterr().out
+    title = "Streams' stalls of 0.5 s or more, by what was computed meanwhile"
+    assert title in out
+    whole = next(x for x in out[out.index(title):].splitlines() if "sent whole" in x)
+    assert whole.split()[-5:] == ["2", "3.8", "s", "3.0", "s"]  # s1's 3 s and s6's 0.8 s
 
 
 def test_a_log_without_fed_tokens_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
         help="two files, or two ranges SINCE..UNTIL of TIMING_LOG, side by side",
     )
     _common(rep)
+    rep.add_argument("--min-stall", type=float, default=Thresholds().min_stall_s, metavar="SECONDS",
+                     help="a stream's longest gap between tokens listed as a stall from this long "
+                     "(default %(default)g)")
     rep.set_defaults(handler=run_report)
     ana = subparsers.add_parser("analyze-log", help="rebuild tasks from llama-server's log")
     ana.add_argument("server_log", nargs="+", metavar="SERVER_LOG",
@@ -96,6 +99,8 @@ def _thresholds(args: argparse.Namespace) -> Thresholds:
         long_prefill=args.long_prefill,
         short_new=args.short_new,
         min_wait_s=args.min_wait,
+        # only `report` has it: llama-server's log tells no stream's gaps
+        min_stall_s=getattr(args, "min_stall", Thresholds().min_stall_s),
     )
 
 

@@ -35,6 +35,7 @@ def timing_report(title: str, records: Sequence[RecordLine], log: LoadedTimingLo
         tables.time_split_table(turns, index),
         record_tables.decode_rate_table(records, th.long_prefill),
         tables.waits_table(spans, index, th),
+        tables.stalls_table(spans, index, th),
         tables.ttft_table(turns, index, th),
         tables.sources_table(spans, th),
         record_tables.requests_table(records),
