@@ -591,8 +591,8 @@ def test_stalls_grouped_by_what_was_computed_during_the_longest_gap() -> None:
         "in all": (5, (pytest.approx(8.8), 3.0)),
     }
     assert t.note == (
-        "longest: ann 3.0 s while big was computed, s2 2.0 s while cold was computed, "
-        "cho 1.5 s while w was computed; left out: 1 stream(s) with a gap of 1 s or more whose "
+        "longest: ann (s1) 3.0 s while big was computed, s2 2.0 s while cold was computed, "
+        "cho (s3) 1.5 s while w was computed; left out: 1 stream(s) with a gap of 1 s or more whose "
         "record has no gap_max_at_ms (written by an older slotwise)")
 
 

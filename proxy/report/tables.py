@@ -285,12 +285,17 @@ def _stall_kind(computed: Span | None) -> str:
 
 
 def _longest_stalls(stalls: Sequence[tuple[Span, Span | None]]) -> str:
-    """The longest stalls: whose stream (client, else id), how long, and the id of what computed."""
+    """The longest stalls: whose stream (its client and id), how long, and the id of what
+    computed."""
     ranked = sorted(stalls, key=lambda pair: (-(pair[0].longest_gap_s or 0.0), pair[0].start))
-    named = [f"{stream.client or stream.key} {fmt(stream.longest_gap_s, 's')} "
+    named = [f"{_who(stream)} {fmt(stream.longest_gap_s, 's')} "
              + (f"while {computed.key} was computed" if computed else "with nothing seen")
              for stream, computed in ranked[:STALLS_NAMED]]
     return "longest: " + ", ".join(named)
+
+
+def _who(stream: Span) -> str:
+    return stream.key if stream.client is None else f"{stream.client} ({stream.key})"
 
 
 def sources_table(spans: Sequence[Span], th: Thresholds) -> Table:
