@@ -96,13 +96,16 @@ FIGURES = {"stream_rate": 48.1, "stream_rate_pct": 47.4, "stream_max_gap_s": 2.2
 
 def test_the_contention_tables_keep_every_figure_at_80_columns() -> None:
     results = {path: FIGURES for path in ("direct", "defer", "chunk", "b512")}
-    bases = {"default": Baseline(101.5, [0.05, 0.052], 4.6)}
+    bases = {"default": Baseline(101.5, [0.05, 0.052], 4.6, cold_alone=(4.6, 6.9, 4.1))}
     for table in (render(results, bases), estimate_table(results), ranges_table([results] * 2)):
         text = printed(table)
         assert "…" not in text
         assert max(len(line) for line in text.splitlines()) <= 80
     assert printed(render(results, bases)).count("170.50 ×") == 4
     assert "beside 3 generating streams" in printed(render(results, bases))
+    # the cold prompt alone, timed three times: its median, and each timing said
+    assert "cold alone 4.60 s (median of 4.60, 6.90, 4.10)" in " ".join(
+        printed(render(results, bases)).split())
     assert "beside one generating stream" in printed(render(results, bases, streams=1))
     assert printed(estimate_table(results)).count("32,264") == 4
     assert printed(ranges_table([results] * 2)).count("13.637–13.637") == 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -222,7 +223,10 @@ class Baseline:
     """Mean tokens/s of each of three streams generating together, no cold prompt."""
     short_ttft: list[float]
     cold_ttft: float
+    """The cold prompt's TTFT alone: the median of `cold_alone`."""
     cold_prompt_tokens: int | None = None
+    cold_alone: tuple[float, ...] = ()
+    """Each timing of the cold prompt alone (ALONE_RUNS)."""
 
 
 async def calm_baseline(url: str, sc: Scenario, seed: int) -> tuple[float, list[float]]:
@@ -247,6 +251,13 @@ async def through(url: str, work: Path, mode: str, sc: Scenario, seed: int,
         run = await play(proxy.url, sc, mode, cold_seed=seed)
     run.records = proxy.records()
     return run
+
+
+ALONE_RUNS = 3
+"""The cold prompt alone is timed this many times, each on a fresh server, and the median kept:
+every path's `cold ×` divides by it. Timed once, it swung from 4.05 to 6.86 s between set-ups of
+one run on a two-core machine whose speed halved now and then for seconds (a 128-token piece 1.0
+then 2.2 ms a token in one phase), and `share + 1/cold×` with it."""
 
 
 PATHS = ("direct", "defer", "chunk", "b512")
@@ -284,9 +295,12 @@ def measure(model_dir: Path, work: Path, sc: Scenario, prefill: dict[str, Any],
         seed = 100 + len(bases)
         with fresh("calm") as server:
             rate, shorts = asyncio.run(calm_baseline(server.url, sc, seed))
-        with fresh("alone") as server:
-            cold_alone = asyncio.run(alone_baseline(server.url, sc, seed))
-        bases[name] = Baseline(stream_rate=rate, short_ttft=shorts, cold_ttft=cold_alone)
+        alone = []
+        for i in range(ALONE_RUNS):
+            with fresh("alone" if i == 0 else f"alone{i + 1}") as server:
+                alone.append(asyncio.run(alone_baseline(server.url, sc, seed + 50 * i)))
+        bases[name] = Baseline(stream_rate=rate, short_ttft=shorts,
+                               cold_ttft=statistics.median(alone), cold_alone=tuple(alone))
         for seed, path in enumerate(wanted, start=1 + 10 * len(bases)):
             log(f"{path} …")
             with fresh(path) as server:

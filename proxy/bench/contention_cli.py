@@ -107,6 +107,7 @@ def figures(run: Run, base: Baseline) -> dict[str, Any]:
         "shorts_over_1_5x": sum(1 for t in ttft if t > 1.5 * b90) if b90 else None,
         "turn_ttft_p90_s": pct(turns, 90), "turns": len(turns),
         "cold_ttft_s": cold, "cold_ttft_alone_s": base.cold_ttft,
+        "cold_ttft_alone_runs_s": list(base.cold_alone),
         "cold_ttft_x": cold / base.cold_ttft if cold else None,
         "tokens_per_s": tokens / (run.ended - run.started),
         "estimates": estimates(run.records),
@@ -166,8 +167,16 @@ def render(results: dict[str, dict[str, Any]], bases: dict[str, Baseline], strea
         table.caption = (table.caption or "") + (
             f"baseline {name}: streams alone {base.stream_rate:.1f} tok/s each, short TTFT "
             f"p50/p90 {_fmt('{:.3f}', pct(base.short_ttft, 50))}/"
-            f"{_fmt('{:.3f}', pct(base.short_ttft, 90))} s, cold alone {base.cold_ttft:.2f} s\n")
+            f"{_fmt('{:.3f}', pct(base.short_ttft, 90))} s, cold alone {base.cold_ttft:.2f} s"
+            f"{_alone_runs(base)}\n")
     return table
+
+
+def _alone_runs(base: Baseline) -> str:
+    """The timings the cold prompt's baseline is the median of, when there are several."""
+    if len(base.cold_alone) < 2:
+        return ""
+    return f" (median of {', '.join(f'{t:.2f}' for t in base.cold_alone)})"
 
 
 def estimate_table(results: dict[str, dict[str, Any]]) -> Table:
