@@ -195,16 +195,17 @@ class KeepStore:
             if s is None or s.busy or s.task != prefix.task or s.tokens != prefix.tokens:
                 del self.warm_in[slot_id]
         known = {c.slot for c in self.conversations.values() if c.slot is not None}
-        placing = [p for p in self._warm_placing if now - p.ended <= PLACE_WITHIN_S]
-        self._warm_placing = []
-        for prefix in reversed(placing):  # the newest first: a later piece of it supersedes
+        fresh = [p for p in self._warm_placing if now - p.ended <= PLACE_WITHIN_S]
+        unplaced: list[WarmPrefix] = []
+        for prefix in reversed(fresh):  # the newest first
             fits = [s for s in slots if not s.busy and s.tokens == prefix.tokens
                     and s.id not in known and s.id not in self.warm_in]
             if fits:
                 slot = max(fits, key=lambda s: -1 if s.task is None else s.task)
                 self.warm_in[slot.id] = replace(prefix, task=slot.task)
             else:
-                self._warm_placing.insert(0, prefix)
+                unplaced.append(prefix)
+        self._warm_placing = unplaced[::-1]
 
     def _next_save(self, slots: dict[int, SlotState], now: float) -> SaveSlot | None:
         due: list[tuple[float, int, Conversation]] = []
@@ -324,8 +325,8 @@ class KeepStore:
     def wanted(self, requests: Iterable[tuple[Sequence[int], int]], idle: Sequence[int]) -> set[int]:
         """Rule 7: of the `idle` slots, those llama-server would give one of `requests` (chain,
         prompt tokens) by its prompt similarity: the slot whose conversation (or warm-up prefix)
-        shares the longest prefix with it, if that is at least SLOT_SIMILARITY of its prompt (llama-server's
-        `--slot-prompt-similarity`, 0.1 by default)."""
+        shares the longest prefix with it, if that is at least SLOT_SIMILARITY of its prompt
+        (llama-server's `--slot-prompt-similarity`, 0.1 by default)."""
         held = [(slot, conv.chain) for slot in idle if (conv := self.in_slot(slot)) is not None]
         held += [(slot, self.warm_in[slot].chain) for slot in idle
                  if slot in self.warm_in and self.in_slot(slot) is None]
