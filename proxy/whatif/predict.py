@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.prefill.sizing import TILE_ROWS
-from proxy.record.outcome import Outcome as RecordOutcome
+from proxy.record.outcome import Outcome
 from proxy.record.schema import Record
 from proxy.report.records import COMPLETION_KINDS, RecordLine, first_pieces, record_to_span
 from proxy.report.serverlog import parse_server_log
@@ -26,7 +26,7 @@ from proxy.whatif.cutsizes import cut_sizes, log_offset, seen_by_task
 from proxy.whatif.kept import kept_bytes_per_token
 from proxy.whatif.observe import DecodeObs, PrefillObs, lora_switch_ms, observations, prompt_obs
 from proxy.whatif.recorded import recorded_config, recorded_server
-from proxy.whatif.replay import Outcome, Replay
+from proxy.whatif.replay import Replay, Replayed
 from proxy.whatif.requests import Workload, build_workload
 from proxy.whatif.seed import LearnedRead, Seed, seed
 from proxy.whatif.serverobs import server_obs, used_before
@@ -71,7 +71,7 @@ class Prediction:
     costs: Costs
     calibration: Calibration
     workload: Workload
-    outcome: Outcome
+    outcome: Replayed
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
 
@@ -304,7 +304,7 @@ def unsized(records: list[Record], guessed: set[str],
     requests sized from the server log (`cut`) whose client left before the end in the what-if
     as well: the log they were recorded in says no sizes for a request its client left."""
     return [dataclasses.replace(r, prompt_tokens=None, computed_tokens=None, timings=None)
-            if r.id in guessed or (r.id in cut and r.outcome is RecordOutcome.CLIENT_GONE) else r
+            if r.id in guessed or (r.id in cut and r.outcome is Outcome.CLIENT_GONE) else r
             for r in records]
 
 

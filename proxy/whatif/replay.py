@@ -33,7 +33,9 @@ from proxy.whatif.warmjobs import warm_jobs
 
 
 @dataclass
-class Outcome:
+class Replayed:
+    """What a replay gives: the records the requests would have had, and what it noticed."""
+
     records: list[Record]
     batches: int
     policy_cost: str | None
@@ -86,7 +88,7 @@ class Replay:
             self.policy.start_learned(self.costs.narrow_per_row_kctx_ms)  # the file not at hand
         return replies
 
-    def run(self) -> Outcome:
+    def run(self) -> Replayed:
         self._place_calls()
         self._play()
         return self._outcome()
@@ -124,14 +126,14 @@ class Replay:
             self.wakeups.schedule()
             server.stretch(clock.next_at)
 
-    def _outcome(self) -> Outcome:
+    def _outcome(self) -> Replayed:
         notes = [self.loras.note] if self.loras.note else []
         unplaced = self.warm_plan.unplaced
         if unplaced:
             notes.append(f"warm-ups: {len(unplaced)} copied as they were, not replayed (no size "
                          "logged, or no later request of their client): "
                          + ", ".join(str(r.get("id")) for r in unplaced[:5]))
-        return Outcome(self.witness.records, self.server.batches, self.policy.cost_summary(),
+        return Replayed(self.witness.records, self.server.batches, self.policy.cost_summary(),
                        dict(self.policy.unknown), notes, self.gating.found, list(unplaced))
 
     def _apply(self, actions: list[Action], now: float) -> None:
