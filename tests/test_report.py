@@ -20,6 +20,7 @@ from proxy.report.records import (
     record_to_span,
 )
 from proxy.report.spanindex import SpanIndex
+from proxy.report.stall_table import stalls_table
 from proxy.report.tables import Thresholds
 
 T0 = 1_762_312_800.0  # 2025-11-05T03:20:00Z
@@ -580,7 +581,7 @@ def stalls_log() -> list[dict[str, Any]]:
 
 def test_stalls_grouped_by_what_was_computed_during_the_longest_gap() -> None:
     spans, index = spans_of(*stalls_log())
-    t = tables.stalls_table(spans, index, Thresholds())
+    t = stalls_table(spans, index, Thresholds())
     assert t.title == "Streams' stalls of 1 s or more, by what was computed meanwhile"
     assert table(t) == {
         "another request's prompt, sent whole": (1, (3.0, 3.0)),
@@ -598,7 +599,7 @@ def test_stalls_grouped_by_what_was_computed_during_the_longest_gap() -> None:
 
 def test_stalls_show_every_row_when_no_stream_stalled() -> None:
     spans, index = spans_of(rec("a", 0, 10), stream("s", 5, 10, gap_at=2, gap=0.2))
-    t = tables.stalls_table(spans, index, Thresholds())
+    t = stalls_table(spans, index, Thresholds())
     assert [(r.label, r.n) for r in t.rows] == [
         ("another request's prompt, sent whole", 0), ("a prompt fed in pieces (chunk)", 0),
         ("a warm-up", 0), ("a kept KV save or restore", 0), ("nothing seen", 0), ("in all", 0)]
@@ -610,7 +611,7 @@ def test_the_stall_is_named_by_what_computed_for_most_of_it() -> None:
     records = [rec("a", 9, 5, wait=0.0, prefill=2.0), chunked("b", 11, 10, wait=3.0, prefill=0.1),
                stream("s", 0, 20, gap_at=10, gap=4.0)]
     spans, index = spans_of(*records)
-    t = tables.stalls_table(spans, index, Thresholds())
+    t = stalls_table(spans, index, Thresholds())
     assert table(t)["a prompt fed in pieces (chunk)"][0] == 1
     assert t.note == "longest: s 4.0 s while b was computed"
 

@@ -12,6 +12,7 @@ from proxy.report.model import Report, Span, Table
 from proxy.report.records import LoadedTimingLog, RecordLine, first_pieces, is_turn, record_to_span
 from proxy.report.serverlog import UNRECOGNISED, ParsedLog
 from proxy.report.spanindex import SpanIndex
+from proxy.report.stall_table import stalls_table
 from proxy.report.tables import Thresholds
 from proxy.report.tasks import Task
 from proxy.report.warm_table import warm_table
@@ -35,7 +36,7 @@ def timing_report(title: str, records: Sequence[RecordLine], log: LoadedTimingLo
         tables.time_split_table(turns, index),
         record_tables.decode_rate_table(records, th.long_prefill),
         tables.waits_table(spans, index, th),
-        tables.stalls_table(spans, index, th),
+        stalls_table(spans, index, th),
         tables.ttft_table(turns, index, th),
         tables.sources_table(spans, th),
         record_tables.requests_table(records),
