@@ -313,6 +313,27 @@ class TestRule9Split:
         assert choice.predicted_piece_ms > STALL_SLACK * KNOBS.max_stall_ms
         assert took(n) <= SPLIT_COST * off.compute_ms < took(n - 64)
 
+    def test_after_a_warm_up_s_small_pieces_the_ramp_cuts_a_piece_never_sends_the_rest_whole(
+            self) -> None:
+        """bench day, `-np 5`: `ann-5`'s 687 tokens after a warm-up whose largest piece was 128.
+        The day's fitted cost prices pieces of up to 256 (the ramp) over SPLIT_COST × whole, and
+        384-token ones within it; sent whole, every stream froze 1.2 s."""
+        fitted = BatchCost(fixed_ms=0.0, per_token_ms=0.76, per_token_per_kctx_ms=0.406,
+                           per_decoder_ms=8.2, per_kctx_ms=25.2)
+        sit = Situation(done_tokens=1792, remaining_tokens=687, decoders=4, largest_piece=128)
+        off = off_outlook(fitted, sit, KNOBS)
+
+        def took(n: int) -> float:
+            return pieces_outlook(fitted, n, sit, KNOBS, pauses=False).compute_ms
+
+        assert took(256) > SPLIT_COST * off.compute_ms >= took(384)
+        choice = split_piece(fitted, sit, KNOBS)
+        assert (choice.strategy, choice.piece_tokens) == (Strategy.SPLIT, 256)
+        assert choice.predicted_piece_ms < off.longest_batch_ms / 2
+        assert "(384 once rule 1's ramp allows)" in choice.reason
+        unramped = split_piece(fitted, dataclasses.replace(sit, largest_piece=256), KNOBS)
+        assert (unramped.strategy, unramped.piece_tokens) == (Strategy.SPLIT, 384)
+
     def test_whole_when_no_size_splits_it_at_a_fair_cost(self) -> None:
         slow = BatchCost(fixed_ms=1500.0, per_token_ms=0.3, per_token_per_kctx_ms=0.0,
                          per_decoder_ms=0.0)

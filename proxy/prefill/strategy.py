@@ -133,7 +133,8 @@ def choose_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceCho
      9. (`split_piece`: the policy asks it alone for a chat turn cold by its stall only.) SPLIT
         pieces back to back, no pause: the largest size whose batch keeps the streams' promise
         (STALL_SLACK × `max_stall_ms`), if its pieces take at most SPLIT_COST × the rest whole,
-        else the smallest size whose pieces do; WHOLE if the rest fits that piece or none does.
+        else the smallest size whose pieces do, judged whatever rule 1's ramp allows and then cut
+        to it; WHOLE if the rest fits that piece or none does.
     """
     _check(sit, knobs)
     fit = fitting_piece(cost, sit, knobs)
@@ -215,27 +216,36 @@ def split_piece(cost: BatchCost, sit: Situation, knobs: ChunkKnobs) -> PieceChoi
     warm-up, sent whole, froze every stream 0.9-1.4 s; `cho-1`'s 728 tokens 0.66 s). The largest
     size within the promise if its pieces take at most SPLIT_COST × the rest whole, else the
     smallest size whose pieces do (a gap beyond the promise, shorter than the whole rest's);
-    WHOLE when the rest fits that piece or no size does."""
+    WHOLE when the rest fits that piece or no size does. The sizes are judged whatever rule 1's
+    ramp allows, and the one chosen is then cut to the ramp, as rule 8 does: the ramp bounds how
+    long one batch may run past its price, and the whole rest, its only other way, is one batch
+    longer still (bench day, `-np 5`: after a warm-up whose largest piece was 128 tokens, `ann-5`'s
+    687-token rest could be split only in pieces of 64-256, each dearer than 1.1× whole, and went
+    whole, 1.2 s for every stream; the day's fitted cost priced 384-token pieces at ~1.07×)."""
     _check(sit, knobs)
     off = off_outlook(cost, sit, knobs)
     promise_ms = STALL_SLACK * knobs.max_stall_ms
     if off.longest_batch_ms <= promise_ms:
         return _whole(off, "rest fits one piece")
     affordable = []
-    for n in piece_sizes(sit.piece_cap(knobs.n_batch)):
+    for n in piece_sizes(knobs.n_batch):
         if n >= sit.remaining_tokens:
             break
         outlook = pieces_outlook(cost, n, sit, knobs, pauses=False)
         if outlook.compute_ms <= SPLIT_COST * off.compute_ms:
-            affordable.append((n, outlook, cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)))
+            affordable.append((n, cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)))
     if not affordable:
         return _whole(off, f"no piece size splits it within {SPLIT_COST:g}× its time whole: "
                            "sent whole")
-    kept = [a for a in affordable if a[2] <= promise_ms]
-    n, outlook, n_ms = kept[-1] if kept else affordable[0]
+    kept = [a for a in affordable if a[1] <= promise_ms]
+    chosen = (kept[-1] if kept else affordable[0])[0]
+    n = min(chosen, sit.piece_cap(knobs.n_batch))
+    outlook = pieces_outlook(cost, n, sit, knobs, pauses=False)
+    n_ms = cost.batch_ms(n, sit.done_tokens, sit.decoders, sit.cells)
     slower = outlook.compute_ms / max(off.compute_ms, 1e-9)
+    ramp = "" if n == chosen else f" ({chosen} once rule 1's ramp allows)"
     return _choice(Strategy.SPLIT, n, n_ms, outlook, off,
-                   f"split in {n}-token pieces (~{_dur(n_ms)} each) back to back, not whole "
+                   f"split in {n}-token pieces (~{_dur(n_ms)} each){ramp} back to back, not whole "
                    f"(~{_dur(off.longest_batch_ms)}): ~{slower:.2f}× its time whole")
 
 
