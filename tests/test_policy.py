@@ -175,24 +175,44 @@ class TestRule1ColdOrNot:
         assert pieces == [64] * 8 + [87]
 
     def test_a_background_job_is_fed_in_pieces_only_while_slots_are_to_spare(self) -> None:
-        """Its pieces keep a slot for seconds: once a turn is held for a slot, its rest goes
-        whole; and one arriving when it would take the last free slot is judged as a chat turn
-        (at this speed 600 tokens stall the stream 0.6 s, within the streams' promise of 2 ×
-        `max_stall_ms` + 0.1 s: sent whole)."""
-        p = policy(tps=1000.0, measured=True, slots=3)
-        busy(p)
-        assert p.on_arrival("t", 600, 600, 0.0, background=True)[1] == FeedPiece("t", 256)
-        assert p.on_piece_done("t", 256, 256.0, 0.3) == []  # its pause
-        busy(p, "u", 0.4)  # the last slot
-        assert p.on_arrival("x", 100, 100, 0.5) == [Hold("x", "waiting for a free slot (3 of 3 in use)")]
+        """Its pauses keep a slot for seconds: once a turn is held for a slot, its rest goes on as
+        a chat turn's split, back to back, and whole where it fits one piece; and one arriving
+        when it would take the last free slot is judged as a chat turn (at this speed 600 tokens
+        stall the stream 0.6 s, within the streams' promise of 2 × `max_stall_ms` + 0.1 s: sent
+        whole)."""
+        p = self.a_translation_fed_when_a_turn_waits_for_a_slot(600)
         [sent] = p.on_tick(1.0)
         assert sent == Forward("t", "cold: a background job: sent whole, its 600 new tokens would "
                                     "stall 1 generating for ~0.6 s (over 2 × max_stall_ms); somebody "
-                                    "waits for a slot: its rest sent whole after 1 pieces (256 "
+                                    "waits for a slot: rest fits one piece after 1 pieces (256 "
                                     "tokens fed)")
         p = policy(tps=1000.0, measured=True, slots=2)
         busy(p)
         assert p.on_arrival("t", 600, 600, 0.0, background=True) == [Admit("t", "not cold")]
+
+    def test_a_background_job_s_rest_goes_back_to_back_when_somebody_waits_for_a_slot(
+            self) -> None:
+        """bench day, `-np 4 -kvu`: a translation's 508-token rest went whole once a turn waited
+        for a slot and froze a stream 1.7 s. Its rest now goes as a chat turn's split: pieces
+        within the streams' promise (513 ms at this speed; the ramp allows 512 after a 256-token
+        piece), no pause between them, so the slot frees about as soon as whole."""
+        p = self.a_translation_fed_when_a_turn_waits_for_a_slot(1000)
+        assert p.on_tick(1.0) == [FeedPiece("t", 768)]
+        [sent] = p.on_piece_done("t", 512, 512.0, 1.6)  # no pause: at once
+        assert isinstance(sent, Forward) and sent.reason.endswith(
+            "somebody waits for a slot: rest fits one piece after 2 pieces (768 tokens fed)")
+
+    @staticmethod
+    def a_translation_fed_when_a_turn_waits_for_a_slot(tokens: int) -> PrefillPolicy:
+        """A background job of `tokens` beside a stream on three slots: its first piece of 256
+        done, then a second stream takes the last slot and a turn is held for one."""
+        p = policy(tps=1000.0, measured=True, slots=3)
+        busy(p)
+        assert p.on_arrival("t", tokens, tokens, 0.0, background=True)[1] == FeedPiece("t", 256)
+        assert p.on_piece_done("t", 256, 256.0, 0.3) == []  # its pause
+        busy(p, "u", 0.4)  # the last slot
+        assert p.on_arrival("x", 100, 100, 0.5) == [Hold("x", "waiting for a free slot (3 of 3 in use)")]
+        return p
 
     @staticmethod
     def fed_beside_a_stream(*, background: bool) -> tuple[list[int], Admit | Forward]:

@@ -43,9 +43,11 @@ class HeldRequest:
     contention`, a 2,000-token rest after a hold 8 s in `bench day`, on this CPU)."""
     background: bool = False
     """Rule 1: a background job (its purpose) that found slots to spare: cold by a smaller stall,
-    fed in pieces that keep the streams' promise whatever they cost it, never held or caught up.
-    One that arrived when slots were scarce is judged as a chat turn (`req.background` still
-    says its purpose: it lets the chat turns have a free slot first, rule 12)."""
+    fed in pieces that keep the streams' promise whatever they cost it, never held or caught up;
+    once somebody waits for a slot, its rest goes as a chat turn's `split` (its pauses would keep
+    the slot for seconds). One that arrived when slots were scarce is judged as a chat turn
+    (`req.background` still says its purpose: it lets the chat turns have a free slot first, rule
+    12)."""
     split: bool = False
     """Rule 1: a chat turn, not cold, whose batch sent whole would stall the streams beyond their
     promise (`split_reason`): its rest goes in the strategy's SPLIT pieces back to back (its rule
@@ -106,6 +108,8 @@ class HeldRequest:
     def release(self, why: str) -> Admit | Forward:
         """Admit if no piece was fed, else Forward; the reason says how far the feeding got, and
         why the batch cost chose larger pieces or a hold if it did."""
+        if self.background and self.split:  # rule 1: it went on as a chat turn's split
+            why = f"somebody waits for a slot: {why}"
         if self.pieces_done == 0:
             text = why if self.split else f"cold, {why}"  # split: not cold, its note says why
         else:

@@ -177,7 +177,7 @@ class ColdPlans:
                 held.hold_until = None
                 held.catch_up(f"its hold ended with {server.use.decoders()} generating")
             if held.background and server.slot_wanted:
-                return held, held.release("somebody waits for a slot: its rest sent whole")
+                held.split = True  # rule 1: its pauses would keep the slot; back to back now
             choice = held.choice = self.choice(server, held)
             if choice.strategy is Strategy.HOLD:
                 if held.rest >= server.cfg.cold_tokens:

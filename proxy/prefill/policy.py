@@ -51,8 +51,8 @@ class PrefillPolicy:
         strategy's `background_piece`, pauses at `prefill_share`): never held, caught up or bound
         by `max_cold_factor`. But only while slots are to spare: one that arrives when somebody
         waits for a slot or it would take the last free one is judged as a chat turn, and a plan's
-        rest goes whole once somebody waits for a slot (its pieces keep a slot for seconds:
-        `PolicyState.slots_scarce`). A chat turn not cold so, of MIN_SPLIT_TOKENS new tokens or
+        rest goes on as a chat turn's split below once somebody waits for a slot (its pauses
+        would keep a slot for seconds: `PolicyState.slots_scarce`). A chat turn not cold so, of MIN_SPLIT_TOKENS new tokens or
         more, whose batch sent whole would still stall the streams beyond their promise
         (STALL_SLACK × `max_stall_ms`, `split_reason`) goes in the strategy's SPLIT pieces back
         to back (`split_piece`): the streams wait one piece, the turn only the pieces' fixed
