@@ -54,7 +54,7 @@ Rules (tests/test_keep_store.py has one class per rule):
    save at a time: a save costs a stall of about a second, recomputing it tens of seconds
    (llama-server's own slot choice would have copied it to its RAM cache; a restore does not).
    What it still displaces is counted (`displaced_tokens`): its next turn computes it again. A
-   request whose conversation is being saved, holding `min_tokens` more of it than any file,
+   request whose conversation is being saved, holding more of it than any file (a block or more),
    waits for that save to end and restores its file (`saving_spares`).
 8. Restored. A restore marks its file used; its conversation is in that slot now, and the one there
    before left it (a restore keeps no copy). A restore llama-server refused (the file does not fit
