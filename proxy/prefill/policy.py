@@ -52,13 +52,13 @@ class PrefillPolicy:
         by `max_cold_factor`. But only while slots are to spare: one that arrives when somebody
         waits for a slot or it would take the last free one is judged as a chat turn, and a plan's
         rest goes on as a chat turn's split below once somebody waits for a slot (its pauses
-        would keep a slot for seconds: `PolicyState.slots_scarce`). A chat turn not cold so, of MIN_SPLIT_TOKENS new tokens or
-        more, whose batch sent whole would still stall the streams beyond their promise
-        (STALL_SLACK × `max_stall_ms`, `split_reason`) goes in the strategy's SPLIT pieces back
-        to back (`split_piece`): the streams wait one piece, the turn only the pieces' fixed
-        parts; never paused, held, caught up or bound by `max_cold_factor`. Any other request is
-        admitted at once and never waits behind a cold one (but see rule 12's kept slots and rule
-        14's claimed slot).
+        would keep a slot for seconds: `PolicyState.slots_scarce`). A chat turn not cold so, of
+        MIN_SPLIT_TOKENS new tokens or more, whose batch sent whole would still stall the streams
+        beyond their promise (STALL_SLACK × `max_stall_ms`, `split_reason`) goes in the
+        strategy's SPLIT pieces back to back (`split_piece`): the streams wait one piece, the turn
+        only the pieces' fixed parts; never paused, held, caught up or bound by
+        `max_cold_factor`. Any other request is admitted at once and never waits behind a cold
+        one (but see rule 12's kept slots and rule 14's claimed slot).
      2. Mode `off`: every request is admitted at once (rule 14 still restores kept KV first).
      3. Somebody is generating while a request that was sent upstream has not finished (sent,
         prefilling or decoding). A cold request that finds nobody generating and no cold request
