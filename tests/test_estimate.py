@@ -222,6 +222,21 @@ class TestCacheModel:
         cache.record(seq(30_000, 500))  # the 2,050 leave the slot: not modelled in RAM now
         assert cache.estimate_cached(seq(0, 2050)) == 0
 
+    def test_a_prompt_the_ram_entry_holds_whole_is_a_hit_though_one_token_is_computed(
+            self) -> None:
+        """bench day: the first RAM use of the day was a trim piece inside `dan`'s history, which
+        found all of it but the one token llama-server always computes; taken for a miss, the
+        RAM cache was declared off and every later turn whose history had left its slot was
+        judged cold. A hit; so is one that found less than the entry but more than any slot."""
+        for piece, found in ((1500, 1499), (1500, 1200)):
+            cache = CacheModel(1, 8192)
+            cache.record(seq(0, 2000))
+            cache.record(seq(10_000, 500))  # ann's 2,000 to RAM
+            cache.record(seq(0, piece), cache_n_reported=found)
+            assert not cache.ram_off, (piece, found)
+            cache.record(seq(20_000, 500))  # ann's prefix leaves the slot again: to RAM
+            assert cache.estimate_cached([*seq(0, piece), 7]) == piece, (piece, found)
+
     def test_a_ram_cache_that_delivered_once_only_loses_its_evicted_entries(self) -> None:
         cache = CacheModel(1, 8192)
         for start in (0, 10_000, 20_000):  # 0.. and 10_000.. in RAM, 20_000.. in the slot

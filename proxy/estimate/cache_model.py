@@ -119,7 +119,14 @@ class CacheModel:
         if cache_n_reported is not None:
             self._observe_reply(ids, chain, cache_n_reported)
         ram = self._ram_match(ids, chain)
-        if cache_n_reported is not None and ram is not None and cache_n_reported < ram[1]:
+        if cache_n_reported is not None and ram is not None and cache_n_reported <= max(
+                self._shared(ids, chain), default=0):
+            # No more than a slot held: the entry was not restored. Fewer tokens than the entry
+            # holds, but more than any slot, came from RAM all the same: the server computes one
+            # token of a prompt the entry holds whole (bench day: a trim piece inside `dan`'s
+            # history in RAM found all but that one, the first RAM use of the day, and was taken
+            # for the RAM cache being off: every later turn whose history had left its slot was
+            # judged cold and fed in pieces, 13-29 s to their first tokens).
             self._ram_missed(ram[0])
             ram = None
         elif ram is not None:
