@@ -237,6 +237,24 @@ class TestCacheModel:
             cache.record(seq(20_000, 500))  # ann's prefix leaves the slot again: to RAM
             assert cache.estimate_cached([*seq(0, piece), 7]) == piece, (piece, found)
 
+    def test_a_ram_cache_taken_for_off_is_on_again_once_a_prompt_finds_more_than_the_slots(
+            self) -> None:
+        """A first miss (an entry the server had evicted) is no proof for the rest of the day:
+        a prompt that finds a block or more beyond what any slot held found it in RAM."""
+        cache = CacheModel(1, 8192)
+        cache.record(seq(0, 2000))
+        cache.record(seq(10_000, 500))
+        cache.record([*seq(0, 2000), *seq(5000, 50)], cache_n_reported=0)
+        assert cache.ram_off
+        cache.record([*seq(0, 2050), 7], cache_n_reported=2050)  # its own slot: no proof
+        assert cache.ram_off
+        cache.record(seq(40_000, 500))  # the 2,051 leave the slot: not modelled in RAM now
+        assert cache.estimate_cached([*seq(0, 2051), 8]) == 0
+        cache.record([*seq(0, 2051), 8], cache_n_reported=2051)  # beyond any slot: RAM
+        assert not cache.ram_off
+        cache.record(seq(50_000, 500))  # the 2,053 leave the slot: in RAM now
+        assert cache.estimate_cached([*seq(0, 2051), 8, 9]) == 2052
+
     def test_a_ram_cache_that_delivered_once_only_loses_its_evicted_entries(self) -> None:
         cache = CacheModel(1, 8192)
         for start in (0, 10_000, 20_000):  # 0.. and 10_000.. in RAM, 20_000.. in the slot

@@ -56,7 +56,8 @@ class CacheModel:
         """How much of a held reply follow-ups found cached (learned in `record`)."""
         self.ram_off = False
         """The server found nothing of a prompt the RAM cache was to hold, and never anything:
-        its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled."""
+        its RAM cache is taken to be off (`--cache-ram 0`) and no longer modelled, until a prompt
+        finds a block or more beyond what any slot held (then it is on after all)."""
 
     @property
     def entries(self) -> int:
@@ -132,6 +133,10 @@ class CacheModel:
         elif ram is not None:
             self._ram_hits += cache_n_reported is not None
             del self._ram[ram[0]]  # restored into the slot: the server takes it out of RAM
+        elif self.ram_off and cache_n_reported is not None and cache_n_reported > max(
+                self._shared(ids, chain), default=0) + self._block:
+            self.ram_off = False  # found more than any slot held: from RAM after all
+            self._ram_hits += 1
         if cache_n_reported is not None and cache_n_reported < self._cached(ids, chain):
             self._cut_back(ids, chain, cache_n_reported)
         best = self._best_match(ids, chain)

@@ -126,6 +126,9 @@ class Estimator:
             log.info("llama-server did not have a history its RAM prompt cache would have held: "
                      "taken to run without one (--cache-ram 0); prompts that left their slot now "
                      "count as computed again")
+        elif off and not self.cache.ram_off:
+            log.info("llama-server found a prompt beyond what its slots held: it has a RAM "
+                     "prompt cache after all; prompts that leave their slot count as found there")
 
     async def read_props(self, mode: str) -> None:
         """Size the cache model from `/props` (slots, per-slot context), and log once what in the
