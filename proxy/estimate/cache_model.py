@@ -120,8 +120,8 @@ class CacheModel:
         if cache_n_reported is not None:
             self._observe_reply(ids, chain, cache_n_reported)
         ram = self._ram_match(ids, chain)
-        if cache_n_reported is not None and ram is not None and cache_n_reported <= max(
-                self._shared(ids, chain), default=0):
+        in_slots = max(self._shared(ids, chain), default=0)
+        if cache_n_reported is not None and ram is not None and cache_n_reported <= in_slots:
             # No more than a slot held: the entry was not restored. Fewer tokens than the entry
             # holds, but more than any slot, came from RAM all the same: the server computes one
             # token of a prompt the entry holds whole (bench day: a trim piece inside `dan`'s
@@ -129,12 +129,11 @@ class CacheModel:
             # for the RAM cache being off: every later turn whose history had left its slot was
             # judged cold and fed in pieces, 13-29 s to their first tokens).
             self._ram_missed(ram[0])
-            ram = None
         elif ram is not None:
             self._ram_hits += cache_n_reported is not None
             del self._ram[ram[0]]  # restored into the slot: the server takes it out of RAM
-        elif self.ram_off and cache_n_reported is not None and cache_n_reported > max(
-                self._shared(ids, chain), default=0) + self._block:
+        elif (self.ram_off and cache_n_reported is not None
+              and cache_n_reported > in_slots + self._block):
             self.ram_off = False  # found more than any slot held: from RAM after all
             self._ram_hits += 1
         if cache_n_reported is not None and cache_n_reported < self._cached(ids, chain):
